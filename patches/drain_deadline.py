@@ -1,0 +1,142 @@
+"""drain-deadline: a drain that ends with a terminal event for every request, never a stall.
+
+Targets (vLLM releases with a drain mode, i.e. ``--shutdown-timeout N > 0``: 0.27 .. 0.32 at
+least; decided by reading the running code, not by version):
+  * ``vllm.v1.engine.core.EngineCoreProc._handle_shutdown`` (EngineCore process)
+  * ``vllm.v1.engine.async_llm.AsyncLLM.shutdown`` (API server process)
+  * ``starlette.applications.Starlette.build_middleware_stack`` (API server process)
+Upstream: no fix yet; the behaviour is the one measured in ../shared/ENVIRONMENT.md.
+
+What goes wrong upstream, and what this changes:
+  1. When the drain window is shorter than the work, the process manager SIGKILLs the engine core
+     at +N s; the requests still running get no output at all and their streams stall until
+     the client gives up (the API server meanwhile waits for those connections to close).
+     -> The engine aborts every unfinished request ``min(2 s, N/4)`` before the window ends and
+        sends the abort outputs, so each stream ends with ``finish_reason: "abort"`` and
+        ``[DONE]``, and the engine exits by itself within the window.
+  2. Whatever is still unfinished in the API server once the engine client has shut down (the
+     engine was killed, or a request raced the abort) is failed explicitly, so its stream
+     ends with an error event and ``[DONE]`` instead of waiting forever.
+  3. New requests during the drain fail with a 500 ("cannot schedule new futures after
+     shutdown"). -> While draining, every request that is not GET/HEAD gets 503 with
+     ``Connection: close`` and ``Retry-After``, before it reaches vLLM. GET endpoints
+     (/health, /metrics, /v1/models) keep answering.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import threading
+import time
+
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+
+log = logging.getLogger("vllm.vllm_intel_patches")
+
+ABORT_LEAD_S = 2.0
+# Set from AsyncLLM.shutdown (the API server starts it on SIGTERM); read by the ASGI wrapper.
+DRAINING = threading.Event()
+
+
+class StoppedBeforeFinishing(RuntimeError):
+    """Raised into a request whose stream was still open when the server finished stopping."""
+
+
+class RefuseWhileDraining:
+    """Outermost ASGI layer: 503 for work requests once the drain has started."""
+
+    BODY = json.dumps({"error": {
+        "message": "server is shutting down; retry on another instance",
+        "type": "ServiceUnavailable", "param": None, "code": 503}}).encode()
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if (scope["type"] == "http" and DRAINING.is_set()
+                and scope.get("method", "GET") not in ("GET", "HEAD")):
+            await send({"type": "http.response.start", "status": 503, "headers": [
+                (b"content-type", b"application/json"), (b"connection", b"close"),
+                (b"retry-after", b"5"), (b"content-length", str(len(self.BODY)).encode())]})
+            await send({"type": "http.response.body", "body": self.BODY})
+            return
+        await self.app(scope, receive, send)
+
+
+class DrainDeadline(Patch):
+    name = "drain-deadline"
+
+    def check(self) -> tuple[str, str]:
+        try:
+            from vllm.v1.engine.core import EngineCoreProc
+        except ImportError as exc:
+            return NOT_APPLICABLE, f"no vLLM v1 engine ({exc})"
+        handler = getattr(EngineCoreProc, "_handle_shutdown", None)
+        if handler is None:
+            return NOT_APPLICABLE, "this vLLM has no drain mode (no EngineCoreProc._handle_shutdown)"
+        src = inspect.getsource(handler)
+        if "shutdown_timeout" not in src or "FINISHED_ABORTED" not in src:
+            return NOT_APPLICABLE, "EngineCoreProc._handle_shutdown has an unknown shape"
+        if "monotonic" in src or "deadline" in src:
+            return UPSTREAM, "EngineCoreProc._handle_shutdown already enforces a drain deadline"
+        return NEEDED, "drain ends by SIGKILL of the engine: open streams would stall"
+
+    def _apply(self) -> None:
+        from starlette.applications import Starlette
+        from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.v1.engine.core import EngineCoreProc, EngineShutdownState
+        from vllm.v1.request import RequestStatus
+
+        orig_handle = EngineCoreProc._handle_shutdown
+
+        def _handle_shutdown(self):
+            state = self.shutdown_state
+            timeout = self.vllm_config.shutdown_timeout
+            if state == EngineShutdownState.REQUESTED and timeout > 0:
+                self._intel_abort_at = time.monotonic() + timeout - min(ABORT_LEAD_S, timeout / 4)
+            elif (state == EngineShutdownState.SHUTTING_DOWN
+                  and getattr(self, "_intel_abort_at", None) is not None
+                  and time.monotonic() >= self._intel_abort_at):
+                self._intel_abort_at = None
+                count = self.scheduler.get_num_unfinished_requests()
+                if count:
+                    log.warning("[shutdown] EngineCore: drain window ending, aborting %d "
+                                "unfinished request(s) so their clients get a final event", count)
+                    aborted = self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
+                    self._send_abort_outputs(aborted)
+            return orig_handle(self)
+
+        orig_shutdown = AsyncLLM.shutdown
+
+        def shutdown(self, *args, **kwargs):
+            DRAINING.set()
+            handler = getattr(self, "output_handler", None)
+            loop = handler.get_loop() if handler is not None else None
+            try:
+                return orig_shutdown(self, *args, **kwargs)
+            finally:
+                processor = getattr(self, "output_processor", None)
+                if processor is not None and processor.has_unfinished_requests() and loop:
+                    count = len(processor.request_states)
+                    log.warning("[shutdown] API server: failing %d request(s) still open after "
+                                "the engine stopped", count)
+                    err = StoppedBeforeFinishing("the server stopped before this request finished")
+                    loop.call_soon_threadsafe(processor.propagate_error, err)
+
+        orig_stack = Starlette.build_middleware_stack
+
+        def build_middleware_stack(self):
+            return RefuseWhileDraining(orig_stack(self))
+
+        self._replace(EngineCoreProc, "_handle_shutdown", _handle_shutdown)
+        self._replace(AsyncLLM, "shutdown", shutdown)
+        self._replace(Starlette, "build_middleware_stack", build_middleware_stack)
+
+    def revert(self) -> None:
+        super().revert()
+        DRAINING.clear()
+
+
+PATCH = DrainDeadline()

@@ -1,0 +1,52 @@
+"""The list of patch modules, in the order they are applied, and the env-var selection.
+
+Adding a patch is one line: append its module name to PATCH_MODULES (the module defines
+``PATCH = <Patch subclass>()``; see _base.py and docs/patches.md).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+
+from ._base import Patch, PatchConfigError
+
+PATCH_MODULES = [
+    "cpu_accelerator_api",    # issue 8: torch.accelerator on CPU-only hosts (+ torch.compile)
+    "cpu_accelerator_noops",  # issue 2: vllm#41033 / PR #49960, vLLM's aliased CPU no-ops
+    "xpu_shutdown",           # issue 2: vLLM PR #46433, graceful XPU shutdown (< 0.25)
+]
+
+ALLOW_ENV = "INTEL_VLLM_PATCHES"
+DENY_ENV = "INTEL_VLLM_PATCHES_DISABLE"
+STRICT_ENV = "INTEL_VLLM_PATCHES_STRICT"
+
+
+def all_patches() -> list[Patch]:
+    return [importlib.import_module(f"{__package__}.{m}").PATCH for m in PATCH_MODULES]
+
+
+def _names(value: str | None) -> list[str] | None:
+    if value is None or not value.strip():
+        return None
+    return [n.strip() for n in value.split(",") if n.strip()]
+
+
+def select(env: Mapping[str, str]) -> tuple[list[Patch], list[Patch], PatchConfigError | None]:
+    """(enabled, disabled, config error or None). Unknown names are reported, never applied;
+    the known names in the lists still take effect (so a typo can't enable a denied patch)."""
+    patches = all_patches()
+    known = {p.name for p in patches}
+    allow, deny = _names(env.get(ALLOW_ENV)), _names(env.get(DENY_ENV)) or []
+    unknown = [n for n in (allow or []) + deny if n not in known]
+    error = None
+    if unknown:
+        error = PatchConfigError(
+            f"unknown patch name(s) {','.join(unknown)} in {ALLOW_ENV}/{DENY_ENV}; "
+            f"known: {','.join(sorted(known))}")
+    enabled = [p for p in patches if (allow is None or p.name in allow) and p.name not in deny]
+    return enabled, [p for p in patches if p not in enabled], error
+
+
+def strict(env: Mapping[str, str]) -> bool:
+    return env.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")

@@ -1,0 +1,162 @@
+"""xpu-shutdown: let XPU workers shut down gracefully and release their memory pools.
+
+Target:   ``vllm.platforms.xpu.XPUPlatform.check_and_update_config`` (classmethod),
+          ``vllm.v1.worker.xpu_worker.XPUWorker.shutdown`` (added),
+          ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.shutdown`` (wrapped),
+          ``vllm.v1.worker.gpu_worker.Worker.shutdown`` (wrapped only where it releases cumem pools
+          without checking the platform).
+Upstream: vLLM PR #46433 "[XPU] Optimize XPU worker shutdown logic to prevent resource leak".
+Releases: vLLM before 0.25 (0.24.0 lacks all of it; 0.27.1 and 0.32.0 carry it -> ``upstream``).
+Changes (as upstream does):
+  * with ``--shutdown-timeout 0`` (vLLM's default: abort) XPU workers are killed before
+    ``destroy_distributed_environment()`` runs, leaving Level Zero / oneCCL resources behind; the
+    next start on the same devices can hang in oneCCL init. On XPU, 0 becomes 5 (logged
+    "XPU platform: set server shutdown_timeout=5.").
+  * ``XPUWorker.shutdown`` runs the parent's shutdown first, then
+    ``XpuMemAllocator.instance.release_pools()`` (pools go while the allocator still lives).
+  * the (v1) model runner's shutdown ends with ``gc.collect()``, ``empty_cache()`` and
+    ``synchronize()`` on XPU, as on ROCm. We call ``torch.xpu.*`` directly: on XPU that is
+    what ``torch.accelerator`` resolves to, and it stays correct if someone re-binds
+    ``torch.accelerator`` names. (The V2 runner already does this in 0.24.)
+  * ``Worker.shutdown`` may touch ``CuMemAllocator`` only on CUDA-alike platforms.
+
+check(): reads the installed source (no import) for each of the four pieces; ``upstream`` when
+all are present; ``not-applicable`` when vLLM has no XPU worker or the platform is not XPU.
+Only the missing pieces are patched. Tested with the real 0.24.0 classes under a simulated XPU
+platform (tests/patches/test_xpu_shutdown.py); nothing here has run on a real Intel GPU.
+"""
+
+from __future__ import annotations
+
+import ast
+import gc
+import logging
+
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
+
+log = logging.getLogger("vllm.vllm_intel_patches")
+XPU_MIN_SHUTDOWN_TIMEOUT = 5  # upstream's value
+
+
+def _method_source(src: str, cls: str, method: str) -> str | None:
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and item.name == method:
+                    return ast.get_source_segment(src, item)
+            return ""  # class without the method
+    return None
+
+
+def missing_pieces() -> list[str] | None:
+    """Which parts of PR #46433 the installed vLLM lacks; None if it has no XPU worker."""
+    srcs = {m: module_source(m) for m in ("vllm.platforms.xpu", "vllm.v1.worker.xpu_worker",
+                                          "vllm.v1.worker.gpu_worker",
+                                          "vllm.v1.worker.gpu_model_runner")}
+    if None in srcs.values():
+        return None
+    missing = []
+    if "shutdown_timeout" not in srcs["vllm.platforms.xpu"]:
+        missing.append("shutdown-timeout")
+    if "release_pools" not in (_method_source(srcs["vllm.v1.worker.xpu_worker"], "XPUWorker",
+                                              "shutdown") or ""):
+        missing.append("worker-release-pools")
+    if "is_xpu()" not in (_method_source(srcs["vllm.v1.worker.gpu_model_runner"],
+                                         "GPUModelRunner", "shutdown") or ""):
+        missing.append("runner-cleanup")
+    worker_shutdown = _method_source(srcs["vllm.v1.worker.gpu_worker"], "Worker", "shutdown") or ""
+    if "CuMemAllocator" in worker_shutdown and "is_cuda_alike" not in worker_shutdown:
+        missing.append("cumem-cuda-only")
+    return missing
+
+
+def _platform():
+    from vllm.platforms import current_platform
+    return current_platform
+
+
+class XpuShutdown(Patch):
+    name = "xpu-shutdown"
+
+    def check(self) -> tuple[str, str]:
+        try:
+            missing = missing_pieces()
+        except SyntaxError as exc:
+            return NOT_APPLICABLE, f"cannot parse vLLM source: {exc}"
+        if missing is None:
+            return NOT_APPLICABLE, "vLLM not installed or without XPU worker"
+        if not missing:
+            return UPSTREAM, "vLLM carries PR #46433"
+        platform = _platform()
+        if not platform.is_xpu():
+            return NOT_APPLICABLE, f"platform is {platform.device_type or 'unknown'}, not xpu"
+        self._missing = missing
+        return NEEDED, "missing: " + ",".join(missing)
+
+    def _apply(self) -> str:
+        for piece in self._missing:
+            getattr(self, "_apply_" + piece.replace("-", "_"))()
+        return "patched: " + ",".join(self._missing)
+
+    def _apply_shutdown_timeout(self) -> None:
+        from vllm.platforms.xpu import XPUPlatform
+        orig = XPUPlatform.check_and_update_config.__func__
+
+        def check_and_update_config(cls, vllm_config) -> None:
+            orig(cls, vllm_config)
+            if vllm_config.shutdown_timeout == 0:
+                vllm_config.shutdown_timeout = XPU_MIN_SHUTDOWN_TIMEOUT
+                log.info("XPU platform: set server shutdown_timeout=%d.",
+                         vllm_config.shutdown_timeout)
+
+        self._replace(XPUPlatform, "check_and_update_config", classmethod(check_and_update_config))
+
+    def _apply_worker_release_pools(self) -> None:
+        from vllm.v1.worker.xpu_worker import XPUWorker
+        own = vars(XPUWorker).get("shutdown")
+
+        def shutdown(self) -> None:
+            log.info("XPUWorker shutdown: cleaning up (rank=%d, local_rank=%d)",
+                     self.rank, self.local_rank)
+            own(self) if own is not None else super(XPUWorker, self).shutdown()
+            # After the parent: the model runner and distributed state must be gone first.
+            from vllm.device_allocator.xpumem import XpuMemAllocator
+            if XpuMemAllocator.instance is not None:
+                XpuMemAllocator.instance.release_pools()
+            log.info("XPUWorker shutdown: done (rank=%d, local_rank=%d)", self.rank, self.local_rank)
+
+        self._replace(XPUWorker, "shutdown", shutdown)
+
+    def _apply_runner_cleanup(self) -> None:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        orig = GPUModelRunner.shutdown
+
+        def shutdown(self) -> None:
+            orig(self)
+            if _platform().is_xpu():
+                import torch
+                gc.collect()
+                torch.xpu.empty_cache()
+                torch.xpu.synchronize()
+
+        self._replace(GPUModelRunner, "shutdown", shutdown)
+
+    def _apply_cumem_cuda_only(self) -> None:
+        from vllm.v1.worker.gpu_worker import Worker
+        orig = Worker.shutdown
+
+        def shutdown(self) -> None:
+            if _platform().is_cuda_alike():
+                return orig(self)
+            # Hide the CUDA allocator from a release that would release its pools on any platform.
+            from vllm.device_allocator.cumem import CuMemAllocator
+            saved, CuMemAllocator.instance = CuMemAllocator.instance, None
+            try:
+                return orig(self)
+            finally:
+                CuMemAllocator.instance = saved
+
+        self._replace(Worker, "shutdown", shutdown)
+
+
+PATCH = XpuShutdown()

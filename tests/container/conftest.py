@@ -1,0 +1,143 @@
+"""Fixtures for the image tests: a Docker engine, images built once per session, compose projects.
+
+Everything goes through the project's scripts (scripts/docker-engine.sh, scripts/build-image.sh,
+scripts/compose.sh), so the tests exercise exactly what the Makefile, CI and users run.
+The engine is started if needed and left running (`make engine-stop` / .ci/run stop it).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import pathlib
+import socket
+import subprocess
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
+
+DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
+
+
+def run(cmd: list[str], timeout: float = 600, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    return run([DOCKER, *args], timeout=timeout, check=check)
+
+
+@pytest.fixture(scope="session")
+def docker_host() -> str:
+    host = run(["bash", str(ROOT / "scripts" / "docker-engine.sh"), "start"], timeout=300).stdout
+    host = host.strip().splitlines()[-1]
+    os.environ["DOCKER_HOST"] = host  # every docker / compose subprocess below uses it
+    return host
+
+
+@functools.lru_cache(maxsize=None)
+def _build(accelerator: str, version: str, target: str = "runtime") -> str:
+    env = dict(os.environ, VLLM_VERSION=version, TARGET=target)
+    if "WHEELS_DIR" not in env and pathlib.Path("/opt/wheels").is_dir():
+        env["WHEELS_DIR"] = "/opt/wheels"  # these machines: the PyTorch CPU index is unreachable
+    t0 = time.monotonic()
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "build-image.sh"), accelerator],
+                         env=env, capture_output=True, text=True, timeout=2400)
+    if out.returncode != 0:
+        pytest.fail(f"build-image.sh {accelerator} ({version}) failed:\n{out.stderr[-6000:]}")
+    print(f"built {accelerator} {version} {target} in {time.monotonic() - t0:.0f} s")
+    suffix = "" if target == "runtime" else f"-{target}"
+    return f"vllm-intel:{accelerator}-{version}{suffix}"
+
+
+@pytest.fixture(scope="session")
+def cpu_image(docker_host):
+    """Factory: cpu_image("0.27.1") -> tag of the CPU image of that release (built once)."""
+    return lambda version=DEFAULT_VLLM: _build("cpu", version)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Compose:
+    """One compose project (unique name and port) running the CPU service of one image."""
+
+    service = "vllm-cpu"
+
+    def __init__(self, image: str, name: str, drain: int = 30):
+        self.port = free_port()
+        self.name = name
+        # Process env overrides .env; an empty --env-file keeps a developer's .env out of tests.
+        self.env = dict(os.environ, COMPOSE_PROJECT_NAME=name, INTEL_VLLM_CPU_IMAGE=image,
+                        INTEL_VLLM_PORT=str(self.port), INTEL_VLLM_DRAIN_TIMEOUT=str(drain),
+                        INTEL_VLLM_STOP_GRACE_PERIOD=f"{drain + 15}s")
+        self.env_file = ROOT / "build" / f"{name}.env"
+        self.env_file.parent.mkdir(exist_ok=True)
+        self.env_file.write_text("")
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __call__(self, *args: str, timeout: float = 600, check: bool = True):
+        return run(["bash", str(ROOT / "scripts" / "compose.sh"), "--env-file", str(self.env_file),
+                    *args], env=self.env, timeout=timeout, check=check)
+
+    def container(self) -> str:
+        return self("ps", "-a", "-q", self.service).stdout.strip()
+
+    def inspect(self) -> dict:
+        return json.loads(docker("inspect", self.container()).stdout)[0]
+
+    def leftovers(self) -> list[str]:
+        label = f"label=com.docker.compose.project={self.name}"
+        return [line for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"])
+                for line in docker(*kind, "-q", "--filter", label).stdout.split()]
+
+    def logs(self) -> str:
+        return self("logs", "--no-color", "--tail", "80", check=False).stdout
+
+    def served_model(self) -> str:
+        import requests
+        return requests.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="module")
+def compose_project(request, docker_host):
+    """Factory for Compose projects; `down -v` for each at module end, whatever happened."""
+    made: list[Compose] = []
+
+    def make(image: str, drain: int = 30) -> Compose:
+        c = Compose(image, f"vllm-intel-test-{os.getpid()}-{len(made)}", drain)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c("down", "-v", "--timeout", "60", check=False)
+        c.env_file.unlink(missing_ok=True)
+
+
+# A release's lifecycle tests build on each other (up -> requests -> stop -> down): once one step
+# failed, skip the rest for that release instead of waiting out their timeouts.
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    version = getattr(getattr(item, "callspec", None), "params", {}).get("stack")
+    if rep.when == "call" and rep.failed and version:
+        _FAILED.add(version)
+
+
+_FAILED: set[str] = set()
+
+
+@pytest.fixture(autouse=True)
+def _skip_after_failed_step(request):
+    version = getattr(getattr(request.node, "callspec", None), "params", {}).get("stack")
+    if version in _FAILED:
+        pytest.skip(f"an earlier step failed for vLLM {version}")

@@ -1,0 +1,88 @@
+"""Static checks of the container files: lint clean, and the CPU and XPU Dockerfiles share what is
+not hardware-specific (the XPU image cannot be built on machines without the oneAPI base image
+and an Intel GPU, so its structure is what we can check)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+from dockerfile_parse import DockerfileParser
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
+STAGES = ["os", "vllm", "app", "test", "runtime"]
+SHARED_SCRIPTS = ["with-build-secrets.sh", "install-os-packages.sh", "create-user.sh", "install-app.sh"]
+
+
+def parse(acc: str) -> list[dict]:
+    with open(ROOT / "docker" / f"Dockerfile.{acc}", "rb") as f:
+        p = DockerfileParser(fileobj=f)
+        structure = p.structure
+    return [{"instruction": i["instruction"], "value": i["value"]} for i in structure
+            if i["instruction"] != "COMMENT"]
+
+
+def stage_of(instrs: list[dict]) -> list[tuple[str, dict]]:
+    out, stage = [], None
+    for i in instrs:
+        if i["instruction"] == "FROM":
+            stage = i["value"].split()[-1]
+        out.append((stage, i))
+    return out
+
+
+def test_lint_clean():
+    # `make lint` puts the venv's bin first on PATH; do the same with the interpreter running us.
+    env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "lint.sh")], env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("acc", ["cpu", "xpu"])
+def test_stages_and_runtime_contract(acc):
+    instrs = parse(acc)
+    froms = [i["value"].split() for i in instrs if i["instruction"] == "FROM"]
+    assert [f[-1] for f in froms] == STAGES, "stages by role, product last (default target)"
+    text = (ROOT / "docker" / f"Dockerfile.{acc}").read_text()
+    assert not re.search(r"^#\s*syntax\s*=", text, re.M), "no registry: use the builtin frontend"
+    args = {i["value"].split("=", 1)[0]: i["value"].split("=", 1)[1]
+            for i in instrs if i["instruction"] == "ARG" and "=" in i["value"]}
+    assert args["VLLM_VERSION"] == DEFAULT_VLLM, "ARG default must follow the VLLM_VERSION file"
+    for script in SHARED_SCRIPTS:
+        assert f"docker/{script}" in text, f"{acc} does not use the shared {script}"
+    # The CA bundle is only ever a RUN secret mount, never copied.
+    for i in instrs:
+        if i["instruction"] in ("COPY", "ADD"):
+            assert "cert" not in i["value"].lower() and "ca_bundle" not in i["value"]
+
+
+def test_shared_blocks_identical():
+    """From `FROM vllm AS app` on (plugin, entrypoint, model, labels, user, healthcheck, test and
+    runtime stages), both files must be the same instruction for instruction."""
+    blocks = {}
+    for acc in ("cpu", "xpu"):
+        staged = stage_of(parse(acc))
+        blocks[acc] = [i for stage, i in staged if stage in ("app", "test", "runtime")]
+    assert blocks["cpu"] == blocks["xpu"]
+
+
+def test_app_stage_follows_conventions():
+    app = [i for stage, i in stage_of(parse("cpu")) if stage == "app"]
+    by = lambda name: [i["value"] for i in app if i["instruction"] == name]  # noqa: E731
+    assert by("USER") == ["10001:10001"]
+    assert by("EXPOSE") == ["8000"]
+    assert by("ENTRYPOINT") == ['["/opt/venv/bin/python", "/opt/vllm-intel/entrypoint.py"]']
+    assert by("CMD") == ['["serve"]']
+    (health,) = by("HEALTHCHECK")
+    assert '"entrypoint.py", "probe", "ready"' in health.replace("/opt/vllm-intel/", "")
+    labels = " ".join(by("LABEL"))
+    for key in ("io.github.vllm-intel.vllm.version", "io.github.vllm-intel.torch.version",
+                "io.github.vllm-intel.patches.version", "org.opencontainers.image.revision"):
+        assert key in labels
+    assert "INTEL_VLLM_MODEL=/opt/vllm-intel/models/tiny-llama" in " ".join(by("ENV"))

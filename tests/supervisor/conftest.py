@@ -1,0 +1,88 @@
+"""Run entrypoint.py against the fake `vllm serve` in fake_vllm/ (no real vLLM needed)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+FAKE = pathlib.Path(__file__).resolve().parent / "fake_vllm"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Run:
+    def __init__(self, tmp: pathlib.Path, env: dict[str, str], args: list[str] | None = None):
+        self.tmp = tmp
+        self.port = free_port()
+        self.model = tmp / "model"
+        self.model.mkdir(exist_ok=True)
+        (tmp / "shm").mkdir(exist_ok=True)
+        self.env = dict(os.environ, PYTHONPATH=str(FAKE), TMPDIR=str(tmp),
+                        INTEL_VLLM_STATE_FILE=str(tmp / "state.json"),
+                        INTEL_VLLM_SHM_DIR=str(tmp / "shm"))
+        self.env.update({"INTEL_VLLM_DRAIN_TIMEOUT": "1", **env})
+        argv = args if args is not None else ["serve", str(self.model), "--port", str(self.port)]
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "entrypoint.py"), *argv],
+                                     env=self.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+
+    def wait_for(self, predicate, timeout: float = 10.0) -> None:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if predicate():
+                return
+            time.sleep(0.05)
+        raise AssertionError("condition not reached in time")
+
+    def state(self) -> str | None:
+        import json
+        try:
+            return json.loads((self.tmp / "state.json").read_text())["state"]
+        except (OSError, ValueError):
+            return None
+
+    def probe(self, kind: str) -> int:
+        return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "probe", kind,
+                               "--port", str(self.port)], env=self.env,
+                              capture_output=True).returncode
+
+    def signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def finish(self, timeout: float = 30.0) -> tuple[int, str, float]:
+        t0 = time.monotonic()
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+            raise AssertionError(f"entrypoint hung:\n{out}")
+        return self.proc.returncode, out, time.monotonic() - t0
+
+
+@pytest.fixture
+def run(tmp_path):
+    runs = []
+
+    def start(env: dict[str, str] | None = None, args: list[str] | None = None) -> Run:
+        r = Run(tmp_path, env or {}, args)
+        runs.append(r)
+        return r
+
+    yield start
+    for r in runs:
+        if r.proc.poll() is None:
+            r.proc.send_signal(signal.SIGKILL)
+            r.proc.wait()

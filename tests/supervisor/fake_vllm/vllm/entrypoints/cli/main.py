@@ -1,0 +1,71 @@
+"""A stand-in for `vllm serve`, for the supervisor's signal tests (dumb-init style).
+
+It prints every signal it receives (`got SIGTERM`), answers GET /health on --port once
+FAKE_READY_AFTER seconds have passed, and behaves on SIGTERM as FAKE_ON_TERM says:
+  exit:N      exit with code N after FAKE_DRAIN seconds
+  ignore      keep running (the supervisor must escalate)
+  die:SIG     kill itself with signal SIG
+FAKE_ORPHAN=1 starts a grandchild in the same process group that outlives us and ignores SIGTERM.
+FAKE_EXIT_AFTER=S,N exits by itself with code N after S seconds (an "engine death").
+"""
+
+import http.server
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+args = sys.argv[1:]
+port = int(args[args.index("--port") + 1]) if "--port" in args else 8000
+print("fake vllm argv:", " ".join(args), flush=True)
+start = time.monotonic()
+ready_after = float(os.environ.get("FAKE_READY_AFTER", "0"))
+terms = []
+
+
+def on_signal(sig, frame):
+    print(f"got {signal.Signals(sig).name}", flush=True)
+    if sig == signal.SIGTERM:
+        terms.append(time.monotonic())
+
+
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+    signal.signal(s, on_signal)
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        ok = self.path == "/health" and time.monotonic() - start >= ready_after
+        self.send_response(200 if ok else 503)
+        self.end_headers()
+
+    def log_message(self, *a):
+        pass
+
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+
+if os.environ.get("FAKE_ORPHAN"):
+    child = subprocess.Popen([sys.executable, "-c",
+                              "import signal,time,os;signal.signal(signal.SIGTERM,signal.SIG_IGN);"
+                              "open(os.environ['FAKE_ORPHAN'],'w').write(str(os.getpid()));time.sleep(600)"])
+
+
+mode = os.environ.get("FAKE_ON_TERM", "exit:0")
+exit_after = os.environ.get("FAKE_EXIT_AFTER")
+while True:
+    time.sleep(0.05)
+    if exit_after:
+        secs, code = exit_after.split(",")
+        if time.monotonic() - start >= float(secs):
+            print("fake vllm: exiting by itself", flush=True)
+            os._exit(int(code))
+    if terms and mode != "ignore" and time.monotonic() - terms[0] >= float(os.environ.get("FAKE_DRAIN", "0")):
+        kind, _, val = mode.partition(":")
+        if kind == "die":
+            signal.signal(getattr(signal, val), signal.SIG_DFL)
+            os.kill(os.getpid(), getattr(signal, val))
+        os._exit(int(val))

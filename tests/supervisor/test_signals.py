@@ -1,0 +1,193 @@
+"""The supervisor's contract, against a fake `vllm serve` that prints the signals it receives."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from .conftest import ROOT, free_port
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT])
+def test_other_signals_are_forwarded_to_vllm(run, sig):
+    r = run()
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(sig)
+    time.sleep(0.5)
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert f"got {signal.Signals(sig).name}" in out
+    assert code == 0
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("on_term,expected", [("exit:0", 0), ("exit:3", 3), ("die:SIGSEGV", 128 + 11)])
+def test_stop_signal_drains_once_and_returns_vllms_code(run, stop, on_term, expected):
+    r = run({"FAKE_ON_TERM": on_term, "FAKE_DRAIN": "0.5"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(stop)
+    code, out, took = r.finish()
+    assert code == expected, out
+    assert out.count("got SIGTERM") == 1  # SIGINT is turned into one SIGTERM for vLLM
+    assert "state DRAINING" in out and "state KILLING" not in out
+
+
+def test_shutdown_timeout_is_set_from_the_drain_setting(run):
+    r = run({"INTEL_VLLM_DRAIN_TIMEOUT": "7"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(signal.SIGTERM)
+    _, out, _ = r.finish()
+    assert "--shutdown-timeout 7" in out
+
+
+def test_users_shutdown_timeout_is_left_alone(run, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    r = run(args=["serve", str(model), "--port", str(free_port()), "--shutdown-timeout=12"])
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(signal.SIGTERM)
+    _, out, _ = r.finish()
+    assert "--shutdown-timeout=12" in out and "--shutdown-timeout 1" not in out
+    assert "deadline 22 s" in out  # DRAIN from the user's flag + TEARDOWN
+
+
+def test_xpu_drain_is_raised_to_five_seconds(run):
+    r = run({"INTEL_VLLM_DEVICE": "xpu", "INTEL_VLLM_DRAIN_TIMEOUT": "0"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(signal.SIGTERM)
+    _, out, _ = r.finish()
+    assert "drain raised from 0 s to 5 s" in out and "--shutdown-timeout 5" in out
+
+
+def test_second_signal_escalates_to_the_group(run):
+    r = run({"FAKE_ON_TERM": "ignore"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(signal.SIGTERM)
+    r.wait_for(lambda: r.state() == "DRAINING")
+    time.sleep(0.3)
+    r.signal(signal.SIGTERM)
+    code, out, took = r.finish()
+    assert code == 124, out
+    assert out.count("got SIGTERM") == 2  # once from the drain, once from the group escalation
+    assert "state KILLING" in out
+    assert took < 3 + 2  # KILL_GRACE, not the full deadline
+
+
+def test_deadline_kills_the_group(run):
+    r = run({"FAKE_ON_TERM": "ignore", "INTEL_VLLM_DRAIN_TIMEOUT": "0"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    t0 = time.monotonic()
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    took = time.monotonic() - t0
+    assert code == 124, out
+    assert 9.5 <= took <= 12, took  # DRAIN 0 + TEARDOWN 10, never later
+    assert "deadline" in out
+
+
+def test_orphans_in_the_group_are_killed_and_reaped(run, tmp_path):
+    pid_file = tmp_path / "orphan.pid"
+    r = run({"FAKE_ORPHAN": str(pid_file)})
+    r.wait_for(lambda: pid_file.exists() and pid_file.read_text())
+    orphan = int(pid_file.read_text())
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0
+    assert "killing the group" in out
+    with pytest.raises(ProcessLookupError):
+        os.kill(orphan, 0)
+
+
+@pytest.mark.parametrize("exit_code,expected", [("0", 70), ("5", 5)])
+def test_unrequested_exit_is_reported(run, exit_code, expected):
+    r = run({"FAKE_EXIT_AFTER": f"1,{exit_code}"})
+    code, out, _ = r.finish()
+    assert code == expected, out
+    assert "without a stop request" in out
+
+
+def test_probes_follow_the_state(run):
+    r = run({"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "2"})
+    r.wait_for(lambda: r.state() == "STARTING")
+    assert r.probe("ready") == 1  # not ready before /health answers
+    assert r.probe("live") == 0  # loading is alive
+    r.wait_for(lambda: r.state() == "SERVING")
+    assert r.probe("ready") == 0 and r.probe("live") == 0
+    r.signal(signal.SIGTERM)
+    r.wait_for(lambda: r.state() == "DRAINING")
+    assert r.probe("ready") == 1  # out of rotation from the moment draining starts
+    assert r.probe("live") == 0
+    assert r.finish()[0] == 0
+    assert r.probe("ready") == 1 and r.probe("live") == 1
+
+
+def test_nothing_is_left_behind_and_stale_leftovers_are_removed(run, tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir(exist_ok=True)
+    (shm / "psm_deadbeef").write_bytes(b"x")  # a crashed run's segment, held by nobody
+    (shm / "unrelated").write_bytes(b"x")  # not vLLM's: never touched
+    stale_run = tmp_path / "vllm-intel-run-old"
+    stale_run.mkdir()
+    (stale_run / "supervisor.pid").write_text("999999")
+    r = run()
+    r.wait_for(lambda: r.state() == "SERVING")
+    run_dirs = list(tmp_path.glob("vllm-intel-run-*"))
+    assert len(run_dirs) == 1 and run_dirs[0].name != "vllm-intel-run-old"
+    (shm / "psm_c0ffee").write_bytes(b"x")  # created by "this server" during the run
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0
+    assert "stale leftover" in out
+    assert sorted(p.name for p in shm.iterdir()) == ["unrelated"]
+    assert not list(tmp_path.glob("vllm-intel-run-*"))
+    assert not (tmp_path / "state.json").exists()
+
+
+@pytest.mark.parametrize("env,args,message", [
+    ({"INTEL_VLLM_DRAIN_TIMEOUT": "abc"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
+    ({"INTEL_VLLM_DRAIN_TIMEOUT": "-1"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
+    ({"INTEL_VLLM_DRAIN_TIMEOUT": "1.5"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
+    ({"INTEL_VLLM_DEVICE": "gpu"}, None, "INTEL_VLLM_DEVICE must be cpu or xpu"),
+    ({}, ["serve", "/no/such/model"], "model path /no/such/model does not exist"),
+    ({}, ["serve", "./missing", "--port", "1"], "model path ./missing does not exist"),
+    ({}, ["serve", "/tmp", "--shutdown-timeout", "soon"], "--shutdown-timeout must be a whole"),
+    ({}, ["serve", "/tmp", "--port"], "--port needs a value"),
+    ({}, ["frobnicate"], "unknown subcommand 'frobnicate'"),
+    ({}, ["probe", "maybe"], "probe takes `ready` or `live`"),
+])
+def test_bad_input_is_one_line_and_exit_64(run, env, args, message):
+    r = run(env, args)
+    code, out, took = r.finish()
+    assert code == 64
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out
+    assert "fake vllm" not in out  # nothing started
+    assert took < 5
+
+
+def test_vllm_not_installed_is_127(tmp_path):
+    import subprocess
+    bare = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    model = tmp_path / "m"
+    model.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    res = subprocess.run([bare, "-I", str(ROOT / "entrypoint.py"), "serve", str(model)],
+                         capture_output=True, text=True, env=env)
+    if "vLLM is not installed" not in res.stderr:
+        pytest.fail(f"{bare} unexpectedly has vLLM; output: {res.stderr}")
+    assert res.returncode == 127
+    assert len(res.stderr.strip().splitlines()) == 1
+
+
+def test_grace_period_follows_the_formula(tmp_path):
+    import subprocess
+    def grace(**env):
+        return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "grace-period"],
+                              capture_output=True, text=True,
+                              env=dict(os.environ, **env)).stdout.strip()
+    assert grace(INTEL_VLLM_DRAIN_TIMEOUT="30") == "45"
+    assert grace(INTEL_VLLM_DRAIN_TIMEOUT="120") == "135"
+    assert grace(INTEL_VLLM_DRAIN_TIMEOUT="0", INTEL_VLLM_DEVICE="xpu") == "20"
