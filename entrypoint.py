@@ -60,6 +60,7 @@ MARGIN_S = 5
 KILL_GRACE_S = 3
 DEFAULT_PORT = 8000
 TICK_S = 0.5
+COUNT_POLL_S = 2.0  # /metrics while draining: often enough for the exit summary, not log spam
 
 HERE = pathlib.Path(__file__).resolve().parent
 BUILTIN_MODELS = (
@@ -72,6 +73,8 @@ WATCHED = set(FORWARDED) | set(STOPPING) | {signal.SIGCHLD}
 # Names vLLM (multiprocessing) gives its shared memory segments and semaphores in /dev/shm.
 SHM_PATTERNS = (re.compile(r"^psm_[0-9a-f]+$"), re.compile(r"^sem\.mp-\w+$"), re.compile(r"^wnsm_\w+$"))
 RUN_DIR_PREFIX = "vllm-intel-run-"
+# vLLM binds ZeroMQ ipc sockets named by a uuid in the run dir; a unix socket path has 107 bytes.
+MAX_TMPDIR_LEN = 107 - len(RUN_DIR_PREFIX) - 8 - 2 - 36
 
 
 class ConfigError(Exception):
@@ -282,6 +285,7 @@ class Supervisor:
         self.escalated = False
         self.counts_at_drain: dict[str, float] | None = None
         self.last_counts: dict[str, float] | None = None
+        self.next_count_poll = 0.0
         self.state_path = state_file(port)
         self.run_dir: pathlib.Path | None = None
         self.shm_dir = pathlib.Path(os.environ.get("INTEL_VLLM_SHM_DIR", "/dev/shm"))
@@ -414,7 +418,8 @@ class Supervisor:
         if self.state == State.STARTING and self.stop_requested_at is None:
             if http_get(self.port, "/health")[0] == 200:
                 self.set_state(State.SERVING, f"ready after {time.monotonic() - self.started:.1f} s")
-        elif self.state == State.DRAINING:
+        elif self.state == State.DRAINING and time.monotonic() >= self.next_count_poll:
+            self.next_count_poll = time.monotonic() + COUNT_POLL_S
             self.last_counts = request_counts(self.port) or self.last_counts
 
     # -- exit -----------------------------------------------------------------
@@ -506,6 +511,10 @@ def serve(args: list[str]) -> int:
     if importlib.util.find_spec("vllm") is None:
         log(f"vLLM is not installed for {sys.executable}")
         return EXIT_NOT_FOUND
+    tmp = tempfile.gettempdir()
+    if len(tmp) > MAX_TMPDIR_LEN:
+        raise ConfigError(f"TMPDIR {tmp} is longer than {MAX_TMPDIR_LEN} characters: vLLM's IPC "
+                          "socket paths inside it would not fit a unix socket address")
     sup = Supervisor(argv, port, drain)
     env = sup.setup()
     failed = sup.spawn(env)

@@ -15,6 +15,7 @@ PATCH_MODULES = [
     "cpu_accelerator_api",    # issue 8: torch.accelerator on CPU-only hosts (+ torch.compile)
     "cpu_accelerator_noops",  # issue 2: vllm#41033 / PR #49960, vLLM's aliased CPU no-ops
     "xpu_shutdown",           # issue 2: vLLM PR #46433, graceful XPU shutdown (< 0.25)
+    "drain_deadline",         # issue 3: a drain ends with a final event per request, never a stall
 ]
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"

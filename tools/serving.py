@@ -1,0 +1,205 @@
+"""Start a server, stream completions at it, stop it: shared by the end-to-end tests and bench/.
+
+Only the standard library and `requests` (installed in every test venv).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import requests
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# What every local vllm serve of the tiny model needs on these CPU-only, offline machines.
+SERVE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A server process in its own session, its output in a log file."""
+
+    def __init__(self, argv: list[str], port: int, log_path: pathlib.Path, env: dict | None = None):
+        self.port, self.log_path = port, log_path
+        self.env = dict(os.environ, **SERVE_ENV, **(env or {}))
+        self.log = open(log_path, "w")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.pid = self.proc.pid
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self, timeout: float = 240) -> float:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return time.monotonic() - self.started
+            except requests.RequestException:
+                pass
+            time.sleep(0.25)
+        raise TimeoutError(f"server not ready after {timeout} s:\n{self.tail()}")
+
+    def model_name(self) -> str:
+        return requests.get(self.url + "/v1/models", timeout=5).json()["data"][0]["id"]
+
+    def signal(self, sig: int = signal.SIGTERM) -> float:
+        os.kill(self.pid, sig)
+        return time.monotonic()
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill_all(self) -> None:
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        self.log.close()
+
+    def tail(self, lines: int = 40) -> str:
+        self.log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def text(self) -> str:
+        self.log.flush()
+        return self.log_path.read_text(errors="replace")
+
+
+@dataclass
+class StreamResult:
+    tokens: int = 0
+    finish_reason: str | None = None
+    done: bool = False  # saw `data: [DONE]`
+    error: str | None = None  # an error event in the stream, or the HTTP/connection error
+    status: int | None = None
+    ended: float = 0.0  # monotonic time the stream ended
+    events: list = field(default_factory=list)
+
+    @property
+    def terminal(self) -> bool:
+        """The client was told how the request ended (never a silent stall)."""
+        return self.done or self.status not in (None, 200) or bool(self.error)
+
+
+def stream_completion(url: str, model: str, max_tokens: int, timeout: float = 120,
+                      prompt: str = "def main(") -> StreamResult:
+    res = StreamResult()
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True, "temperature": 0.0}
+    try:
+        with requests.post(url + "/v1/completions", json=body, stream=True, timeout=timeout) as r:
+            res.status = r.status_code
+            if r.status_code != 200:
+                res.error = r.text[:300]
+                return res
+            for raw in r.iter_lines():
+                if not raw.startswith(b"data: "):
+                    continue
+                data = raw[6:]
+                if data == b"[DONE]":
+                    res.done = True
+                    continue
+                event = json.loads(data)
+                if "error" in event:
+                    res.error = json.dumps(event["error"])[:300]
+                    continue
+                choice = event["choices"][0]
+                res.tokens += 1
+                res.finish_reason = choice.get("finish_reason") or res.finish_reason
+    except requests.RequestException as e:
+        res.error = f"{type(e).__name__}: {e}"[:300]
+    finally:
+        res.ended = time.monotonic()
+    return res
+
+
+class Streams:
+    """N concurrent streaming completions in threads."""
+
+    def __init__(self, url: str, model: str, n: int, max_tokens: int, timeout: float = 120):
+        self.results: list[StreamResult | None] = [None] * n
+        self.threads = [threading.Thread(target=self._one, args=(i, url, model, max_tokens, timeout))
+                        for i in range(n)]
+        for t in self.threads:
+            t.start()
+
+    def _one(self, i, url, model, max_tokens, timeout):
+        self.results[i] = stream_completion(url, model, max_tokens, timeout)
+
+    def join(self, timeout: float = 180) -> list[StreamResult]:
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(end - time.monotonic(), 0))
+        return [r if r is not None else StreamResult(error="client thread still waiting")
+                for r in self.results]
+
+
+def wait_until_tokens_flow(url: str, timeout: float = 30) -> None:
+    """Block until the engine reports running requests (so a signal lands mid-generation)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            text = requests.get(url + "/metrics", timeout=2).text
+            for line in text.splitlines():
+                if line.startswith("vllm:num_requests_running") and float(line.split()[-1]) > 0:
+                    return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError("no request started running")
+
+
+def descendants(pid: int) -> list[int]:
+    """pid's live descendants (vLLM's API server, engine core, workers, resource tracker)."""
+    children: dict[int, list[int]] = {}
+    for proc in pathlib.Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] != "Z":
+                    children.setdefault(int(fields[1]), []).append(int(proc.name))
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids that still exist and are not zombies."""
+    out = []
+    for pid in pids:
+        try:
+            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            if state != "Z":
+                out.append(pid)
+        except OSError:
+            pass
+    return out
