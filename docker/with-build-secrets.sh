@@ -12,5 +12,9 @@ set -eu
 ca=/run/secrets/ca_bundle
 if [ -s "$ca" ]; then
   export PIP_CERT="$ca" SSL_CERT_FILE="$ca" REQUESTS_CA_BUNDLE="$ca" CURL_CA_BUNDLE="$ca"
+  # apt over https (e.g. Intel's repositories in Dockerfile.xpu) has its own setting.
+  APT_CONFIG=$(mktemp /dev/shm/apt-ca.XXXXXX 2>/dev/null || mktemp)  # tmpfs: not in a layer
+  echo "Acquire::https::CAInfo \"$ca\";" >"$APT_CONFIG"
+  export APT_CONFIG
 fi
 exec "$@"

@@ -26,8 +26,11 @@ Dynamo builds its handler table after the patch; the attribute works in either o
 
 Decision table (host without accelerator). "error" = ``AcceleratorUnavailableError`` (a
 ``RuntimeError``) whose message starts with ``torch.accelerator.<call>: no accelerator on this
-host``. Every name of ``torch.accelerator.__all__`` must appear here (the tests enforce it);
-a name missing from the table is left unchanged and reported in the patch's reason.
+host``. Under torch.compile the same error is raised (the call graph-breaks or is
+constant-folded); if Dynamo built its name tables after the patch, it reports it as
+``TorchRuntimeError`` quoting that message. Every name of ``torch.accelerator.__all__`` must
+appear here (the tests enforce it); a name missing from the table is left unchanged and reported
+in the patch's reason.
 
 | name | on a CPU-only host | why |
 |---|---|---|

@@ -4,7 +4,8 @@ Targets (vLLM releases with a drain mode, i.e. ``--shutdown-timeout N > 0``: 0.2
 least; decided by reading the running code, not by version):
   * ``vllm.v1.engine.core.EngineCoreProc._handle_shutdown`` (EngineCore process)
   * ``vllm.v1.engine.async_llm.AsyncLLM.shutdown`` (API server process)
-  * ``starlette.applications.Starlette.build_middleware_stack`` (API server process)
+  * ``build_middleware_stack`` of ``fastapi.FastAPI`` (or ``Starlette`` where FastAPI does not
+    override it) (API server process)
 Upstream: no fix yet; the behaviour is the one measured in ../shared/ENVIRONMENT.md.
 
 What goes wrong upstream, and what this changes:
@@ -84,7 +85,7 @@ class DrainDeadline(Patch):
         return NEEDED, "drain ends by SIGKILL of the engine: open streams would stall"
 
     def _apply(self) -> None:
-        from starlette.applications import Starlette
+        from fastapi import FastAPI
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.v1.engine.core import EngineCoreProc, EngineShutdownState
         from vllm.v1.request import RequestStatus
@@ -125,14 +126,16 @@ class DrainDeadline(Patch):
                     err = StoppedBeforeFinishing("the server stopped before this request finished")
                     loop.call_soon_threadsafe(processor.propagate_error, err)
 
-        orig_stack = Starlette.build_middleware_stack
+        # FastAPI overrides Starlette's builder: wrap the one FastAPI apps actually call.
+        owner = next(c for c in FastAPI.__mro__ if "build_middleware_stack" in vars(c))
+        orig_stack = owner.build_middleware_stack
 
         def build_middleware_stack(self):
             return RefuseWhileDraining(orig_stack(self))
 
         self._replace(EngineCoreProc, "_handle_shutdown", _handle_shutdown)
         self._replace(AsyncLLM, "shutdown", shutdown)
-        self._replace(Starlette, "build_middleware_stack", build_middleware_stack)
+        self._replace(owner, "build_middleware_stack", build_middleware_stack)
 
     def revert(self) -> None:
         super().revert()

@@ -16,6 +16,7 @@ PATCH_MODULES = [
     "cpu_accelerator_noops",  # issue 2: vllm#41033 / PR #49960, vLLM's aliased CPU no-ops
     "xpu_shutdown",           # issue 2: vLLM PR #46433, graceful XPU shutdown (< 0.25)
     "drain_deadline",         # issue 3: a drain ends with a final event per request, never a stall
+    "fast_exit",              # issue 3: no multi-second final GC scan after vLLM's teardown
 ]
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"

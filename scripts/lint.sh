@@ -10,7 +10,7 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here" || exit 1
 
-CHECKS=(dockerfiles compose yaml)
+CHECKS=(dockerfiles compose yaml deploy)
 
 check_dockerfiles() {  # hadolint; the rules we ignore are listed here, with the reason
   # DL3008: apt versions unpinned on purpose (Debian stable gets security fixes only).
@@ -59,6 +59,18 @@ check_yaml() {
   [ ${#files[@]} -eq 0 ] && return 0
   yamllint -d '{extends: default, rules: {line-length: {max: 120}, document-start: disable, truthy: {check-keys: false}}}' \
     "${files[@]}"
+}
+
+check_deploy() {  # Kubernetes overlays (rendered offline by kubectl's kustomize) + Buildkite schema
+  local tmp rc=0 overlay
+  tmp=$(mktemp -d)
+  for overlay in deploy/k8s/cpu deploy/k8s/xpu; do
+    kubectl kustomize "$overlay" >"$tmp/${overlay##*/}.yaml" || { rc=1; continue; }
+    kubernetes-validate --strict --quiet "$tmp/${overlay##*/}.yaml" || rc=1
+  done
+  check-jsonschema --builtin-schema vendor.buildkite .buildkite/pipeline.yml || rc=1
+  rm -rf "$tmp"
+  return $rc
 }
 
 run=("${@:-${CHECKS[@]}}")

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import requests
 
@@ -91,13 +91,12 @@ class Server:
 
 @dataclass
 class StreamResult:
-    tokens: int = 0
+    tokens: int = 0  # completion tokens: the server's usage count when it sent one
     finish_reason: str | None = None
     done: bool = False  # saw `data: [DONE]`
     error: str | None = None  # an error event in the stream, or the HTTP/connection error
     status: int | None = None
     ended: float = 0.0  # monotonic time the stream ended
-    events: list = field(default_factory=list)
 
     @property
     def terminal(self) -> bool:
@@ -109,7 +108,7 @@ def stream_completion(url: str, model: str, max_tokens: int, timeout: float = 12
                       prompt: str = "def main(") -> StreamResult:
     res = StreamResult()
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True, "temperature": 0.0}
+            "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
     try:
         with requests.post(url + "/v1/completions", json=body, stream=True, timeout=timeout) as r:
             res.status = r.status_code
@@ -127,9 +126,10 @@ def stream_completion(url: str, model: str, max_tokens: int, timeout: float = 12
                 if "error" in event:
                     res.error = json.dumps(event["error"])[:300]
                     continue
-                choice = event["choices"][0]
-                res.tokens += 1
-                res.finish_reason = choice.get("finish_reason") or res.finish_reason
+                if event.get("usage"):
+                    res.tokens = event["usage"]["completion_tokens"]
+                if event.get("choices"):
+                    res.finish_reason = event["choices"][0].get("finish_reason") or res.finish_reason
     except requests.RequestException as e:
         res.error = f"{type(e).__name__}: {e}"[:300]
     finally:
@@ -158,14 +158,14 @@ class Streams:
                 for r in self.results]
 
 
-def wait_until_tokens_flow(url: str, timeout: float = 30) -> None:
-    """Block until the engine reports running requests (so a signal lands mid-generation)."""
+def wait_until_tokens_flow(url: str, running: int = 1, timeout: float = 30) -> None:
+    """Block until the engine runs `running` requests (so a signal lands mid-generation)."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
             text = requests.get(url + "/metrics", timeout=2).text
             for line in text.splitlines():
-                if line.startswith("vllm:num_requests_running") and float(line.split()[-1]) > 0:
+                if line.startswith("vllm:num_requests_running") and float(line.split()[-1]) >= running:
                     return
         except requests.RequestException:
             pass

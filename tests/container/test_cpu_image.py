@@ -23,6 +23,7 @@ OLD_VLLM = "0.27.1"
 DRAIN = 30
 GRACE = DRAIN + 15          # docs/CONVENTIONS.md: DRAIN + TEARDOWN 10 + MARGIN 5
 STREAMS, STREAM_TOKENS = 8, 900   # the tiny model's context is 1024 tokens
+IDLE_STOP_S = 3             # an idle server must not make `docker stop` wait
 
 
 @pytest.fixture(scope="module", params=[DEFAULT_VLLM, OLD_VLLM])
@@ -133,6 +134,8 @@ def test_compose_stop_drains_streams(stack):
 
 
 def test_idle_docker_stop_is_fast(stack):
+    if stack.version != DEFAULT_VLLM:
+        pytest.skip("restarting costs ~100 s on 2 cores; the idle path does not depend on the release")
     r = stack("up", "-d", "--wait", timeout=900, check=False)  # starts the stopped container
     assert r.returncode == 0, r.stderr + stack.logs()
     cid = stack.container()
@@ -142,7 +145,7 @@ def test_idle_docker_stop_is_fast(stack):
     state = stack.inspect()["State"]
     print(f"vLLM {stack.version}: idle docker stop took {took:.1f} s, exit {state['ExitCode']}")
     assert state["ExitCode"] == 0, stack.logs()
-    assert took < 3, f"idle stop took {took:.1f} s"
+    assert took < IDLE_STOP_S, f"idle stop took {took:.1f} s"
 
 
 def test_down_leaves_nothing(stack):

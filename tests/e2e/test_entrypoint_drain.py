@@ -67,7 +67,7 @@ def test_sigterm_mid_stream_drains_every_request(serve, mode):
     s = serve(*(["--enforce-eager"] if mode == "eager" else []))
     assert probe(s, "ready") == 0
     streams = Streams(s.url, s.model, n=8, max_tokens=3000)
-    wait_until_tokens_flow(s.url)
+    wait_until_tokens_flow(s.url, running=8)
     t_term = s.signal(signal.SIGTERM)
     time.sleep(0.5)
     assert probe(s, "ready") == 1  # out of rotation while draining

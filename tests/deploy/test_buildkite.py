@@ -1,0 +1,80 @@
+""".buildkite/: the pipeline passes Buildkite's schema, its steps are scripts that exist and call the
+project's scripts (one copy of each command), and the retry-on-network-error contract holds."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .manifests import ROOT
+
+PIPELINE = ROOT / ".buildkite" / "pipeline.yml"
+STEPS = ROOT / ".buildkite" / "steps"
+
+
+def steps() -> list[dict]:
+    return yaml.safe_load(PIPELINE.read_text())["steps"]
+
+
+def test_pipeline_schema():
+    exe = Path(sys.executable).parent / "check-jsonschema"
+    out = subprocess.run([str(exe), "--builtin-schema", "vendor.buildkite", str(PIPELINE)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_every_step_has_queue_timeout_and_network_retry():
+    exit_network = int(re.search(r"^EXIT_NETWORK=(\d+)", (STEPS / "lib.sh").read_text(), re.M)[1])
+    for step in steps():
+        assert step["agents"]["queue"] in ("intel-cpu", "intel-gpu"), step["label"]
+        assert 0 < step["timeout_in_minutes"] <= 180, step["label"]
+        statuses = {r.get("exit_status") for r in step["retry"]["automatic"]}
+        assert {exit_network, -1} <= statuses, step["label"]
+
+
+def test_step_commands_are_scripts_or_make_targets():
+    makefile = (ROOT / "Makefile").read_text()
+    queues = {}
+    for step in steps():
+        cmd = step["command"]
+        if cmd.startswith("make "):
+            assert re.search(rf"^{cmd.split()[1]}:", makefile, re.M), cmd
+        else:
+            path = ROOT / cmd
+            assert path.parent == STEPS and path.is_file(), cmd
+            assert path.stat().st_mode & 0o111, f"{cmd} is not executable"
+        queues[cmd] = step["agents"]["queue"]
+    assert queues[".buildkite/steps/cpu.sh"] == "intel-cpu"
+    assert queues[".buildkite/steps/xpu.sh"] == "intel-gpu"
+    # `make buildkite-local` runs exactly the CPU step.
+    assert re.search(r"^buildkite-local:.*\n\t@?\.buildkite/steps/cpu\.sh$", makefile, re.M)
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in STEPS.glob("*.sh")))
+def test_step_scripts_parse_and_reuse_project_scripts(script):
+    text = (STEPS / script).read_text()
+    subprocess.run(["bash", "-n", str(STEPS / script)], check=True)
+    # One copy of each command: images are built only by scripts/build-image.sh.
+    assert not re.search(r"\bdocker\"?\s+(build|buildx)\b", text), script
+    if script in ("cpu.sh", "xpu.sh"):
+        assert "scripts/build-image.sh" in text and "setup_step" in text
+        assert "smoke.sh" in text
+
+
+def test_network_errors_map_to_the_retried_exit_status(tmp_path):
+    def _lib(snippet: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["bash", "-c", f'source "{STEPS}/lib.sh"; {snippet}'],
+                              env={"PATH": "/usr/bin:/bin", "VLLM_INTEL_CI_LOGS": str(tmp_path)},
+                              capture_output=True, text=True, timeout=60)
+
+    r = _lib("network_retryable bash -c 'echo \"Temporary failure in name resolution\"; exit 1'")
+    assert r.returncode == 75, r.stdout + r.stderr
+    r = _lib("network_retryable bash -c 'echo \"AssertionError: test failed\"; exit 3'")
+    assert r.returncode == 3, r.stdout + r.stderr
+    r = _lib("network_retryable true; echo after")
+    assert r.returncode == 0 and "after" in r.stdout
