@@ -203,3 +203,21 @@ def alive(pids: list[int]) -> list[int]:
         except OSError:
             pass
     return out
+
+
+def shm_segments(pids: list[int]) -> set[str]:
+    """/dev/shm files the given processes have mapped or open (what a server must clean up)."""
+    found = set()
+    for pid in pids:
+        try:
+            for line in pathlib.Path(f"/proc/{pid}/maps").read_text().splitlines():
+                path = line.split(maxsplit=5)[-1]
+                if path.startswith("/dev/shm/"):
+                    found.add(path.replace(" (deleted)", ""))
+            for fd in pathlib.Path(f"/proc/{pid}/fd").iterdir():
+                target = os.readlink(fd)
+                if target.startswith("/dev/shm/"):
+                    found.add(target)
+        except OSError:
+            pass
+    return found

@@ -5,61 +5,17 @@ Each test starts its own server (~25-60 s on 2 cores); they are marked slow and 
 
 from __future__ import annotations
 
-import os
-import pathlib
 import signal
-import subprocess
-import shutil
-import sys
-import tempfile
 import time
 
 import pytest
 import requests
 
-from tools.serving import Server, Streams, alive, descendants, free_port, stream_completion, \
-    wait_until_tokens_flow
+from tools.serving import Streams, wait_until_tokens_flow
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from .conftest import assert_nothing_left, probe
+
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-
-@pytest.fixture
-def serve(tmp_path, tiny_model):
-    """Start `entrypoint.py serve TINY [flags]` with its own TMPDIR and state file."""
-    servers = []
-
-    def start(*flags: str, drain: int = 30) -> Server:
-        port = free_port()
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))  # short: IPC socket paths
-        env = {"TMPDIR": str(tmp), "INTEL_VLLM_DRAIN_TIMEOUT": str(drain),
-               "INTEL_VLLM_STATE_FILE": str(tmp / "state.json")}
-        s = Server([sys.executable, str(ROOT / "entrypoint.py"), "serve", str(tiny_model),
-                    "--port", str(port), *flags], port, tmp_path / f"server-{len(servers)}.log", env)
-        s.tmp = tmp
-        servers.append(s)
-        s.wait_ready()
-        s.model = s.model_name()
-        s.shm_before = set(os.listdir("/dev/shm"))
-        s.family = [s.pid] + descendants(s.pid)
-        return s
-
-    yield start
-    for s in servers:
-        s.kill_all()
-        shutil.rmtree(s.tmp, ignore_errors=True)
-
-
-def probe(s: Server, kind: str) -> int:
-    return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "probe", kind, "--port",
-                           str(s.port)], env=s.env, capture_output=True).returncode
-
-
-def assert_nothing_left(s: Server) -> None:
-    assert alive(s.family) == [], f"processes left behind: {alive(s.family)}"
-    new_shm = set(os.listdir("/dev/shm")) - s.shm_before
-    assert not {n for n in new_shm if n.startswith(("psm_", "sem.mp-"))}, new_shm
-    assert list(s.tmp.iterdir()) == [], list(s.tmp.iterdir())  # run dir and state file gone
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])

@@ -1,0 +1,62 @@
+"""Fixtures for the end-to-end tests: entrypoint.py serving the tiny model with real vLLM CPU."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from tools.serving import Server, alive, descendants, free_port, shm_segments
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def serve(tmp_path, tiny_model):
+    """Start `entrypoint.py serve TINY [flags]` with its own TMPDIR and state file."""
+    servers = []
+
+    def start(*flags: str, drain: int = 30, wait: bool = True) -> Server:
+        port = free_port()
+        tmp = pathlib.Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))  # short: IPC socket paths
+        env = {"TMPDIR": str(tmp), "INTEL_VLLM_DRAIN_TIMEOUT": str(drain),
+               "INTEL_VLLM_STATE_FILE": str(tmp / "state.json")}
+        s = Server([sys.executable, str(ROOT / "entrypoint.py"), "serve", str(tiny_model),
+                    "--port", str(port), *flags], port, tmp_path / f"server-{len(servers)}.log", env)
+        s.tmp = tmp
+        servers.append(s)
+        if not wait:
+            return s
+        s.wait_ready()
+        s.model = s.model_name()
+        snapshot(s)
+        return s
+
+    yield start
+    for s in servers:
+        s.kill_all()
+        shutil.rmtree(s.tmp, ignore_errors=True)
+
+
+def snapshot(s: Server) -> None:
+    """Remember the server's processes and shared memory, to check nothing outlives it."""
+    s.family = [s.pid] + descendants(s.pid)
+    s.shm = shm_segments(s.family)
+
+
+def probe(s: Server, kind: str) -> int:
+    return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "probe", kind, "--port",
+                           str(s.port)], env=s.env, capture_output=True).returncode
+
+
+def assert_nothing_left(s: Server, expect_shm: bool = True) -> None:
+    assert alive(s.family) == [], f"processes left behind: {alive(s.family)}"
+    if expect_shm:  # a serving vLLM maps psm_* segments; else the check below proves nothing
+        assert s.shm, "no shared memory seen"
+    assert {p for p in s.shm if os.path.exists(p)} == set()
+    assert list(s.tmp.iterdir()) == [], list(s.tmp.iterdir())  # run dir and state file gone

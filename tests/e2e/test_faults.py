@@ -1,0 +1,79 @@
+"""Faults through entrypoint.py with real vLLM CPU: kills and early stops never leave a hung
+server, orphans or leftovers, and the exit code says what happened (issue 7)."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import time
+
+import pytest
+
+from tools.serving import Streams, alive, descendants, wait_until_tokens_flow
+
+from .conftest import assert_nothing_left, probe, snapshot
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+def find(s, title: str) -> int:
+    for pid in descendants(s.pid):
+        try:
+            if title in pathlib.Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+                return pid
+        except OSError:
+            pass
+    raise AssertionError(f"no {title} process under {s.pid}")
+
+
+@pytest.mark.parametrize("victim", ["VLLM::Worker", "VLLM::EngineCore"])
+def test_sigkill_of_worker_or_engine_fails_fast_and_loud(serve, victim):
+    s = serve("--enforce-eager")
+    streams = Streams(s.url, s.model, n=4, max_tokens=6000, timeout=60)
+    wait_until_tokens_flow(s.url, running=4)
+    t_kill = time.monotonic()
+    os.kill(find(s, victim), signal.SIGKILL)
+    live_failed = False
+    while s.proc.poll() is None and time.monotonic() - t_kill < 30:
+        live_failed = live_failed or probe(s, "live") == 1
+        time.sleep(0.2)
+    code = s.wait(timeout=1)
+    took = time.monotonic() - t_kill
+    results = streams.join(timeout=30)
+    print(f"{victim} killed: exit {code} after {took:.1f} s; clients: "
+          f"{[(r.tokens, r.finish_reason, (r.error or '')[:40]) for r in results]}")
+    assert code == 70, s.tail()  # vLLM itself exits 0 here, which orchestrators read as success
+    assert took < 15
+    assert live_failed or took < 1  # probe live failed meanwhile
+    assert all(r.terminal and r.finish_reason != "length" for r in results), results
+    assert_nothing_left(s)
+
+
+def test_sigkill_of_the_api_server_kills_the_orphans(serve):
+    s = serve("--enforce-eager")
+    engine, worker = find(s, "VLLM::EngineCore"), find(s, "VLLM::Worker")
+    api = find(s, "vllm.entrypoints.cli.main")
+    t_kill = time.monotonic()
+    os.kill(api, signal.SIGKILL)
+    code = s.wait(timeout=20)
+    print(f"API server killed: exit {code} after {time.monotonic() - t_kill:.1f} s")
+    assert code == 128 + signal.SIGKILL, s.tail()
+    assert alive([engine, worker]) == []
+    assert "killing the group" in s.text()
+    assert_nothing_left(s)
+
+
+def test_sigterm_while_loading_exits_cleanly(serve):
+    s = serve("--enforce-eager", wait=False)
+    deadline_s = 30 + 10
+    time.sleep(8)  # well into start-up: the engine core and worker exist, the model is loading
+    snapshot(s)
+    assert probe(s, "ready") == 1
+    t_term = s.signal(signal.SIGTERM)
+    code = s.wait(timeout=deadline_s + 5)
+    took = time.monotonic() - t_term
+    print(f"SIGTERM while loading: exit {code} after {took:.1f} s")
+    assert code is not None and took <= deadline_s
+    assert code in (0, 128 + signal.SIGTERM), s.tail()
+    assert_nothing_left(s, expect_shm=False)

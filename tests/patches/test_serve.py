@@ -1,0 +1,94 @@
+"""A real `vllm serve` (default compile mode, no --enforce-eager) loads the plugin in every process.
+
+Slow: one cold start is ~40-120 s on a 2-core machine (torch.compile), ~25-40 s with a warm
+compile cache.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+import requests
+
+READY_TIMEOUT = 240  # generous: a cold torch.compile on a loaded 2-core CI machine
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_and_complete(venv, model, log_path, extra_env=None):
+    port = _free_port()
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", **(extra_env or {}))
+    for k in ("INTEL_VLLM_PATCHES", "INTEL_VLLM_PATCHES_DISABLE", "INTEL_VLLM_PATCHES_STRICT",
+              "VLLM_PLUGINS"):
+        env.pop(k, None) if k not in (extra_env or {}) else None
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [str(venv / "bin" / "vllm"), "serve", str(model), "--max-model-len", "1024",
+             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env,
+            start_new_session=True)
+    result = {"ready_s": None, "status": None, "exit": None}
+    try:
+        while time.monotonic() - t0 < READY_TIMEOUT and proc.poll() is None:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    result["ready_s"] = round(time.monotonic() - t0, 1)
+                    break
+            except requests.RequestException:
+                pass
+            time.sleep(1)
+        if result["ready_s"] is not None:
+            r = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
+                              json={"model": str(model), "prompt": "Hello", "max_tokens": 8})
+            result["status"] = r.status_code
+            proc.send_signal(signal.SIGTERM)
+            result["exit"] = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    result["log"] = log_path.read_text(errors="replace")
+    return result
+
+
+def patch_lines(log: str) -> dict[str, str]:
+    """{'API server': 'cpu-accelerator-api=applied ...', 'EngineCore': ..., 'Worker': ...}"""
+    return {m.group(1): m.group(2) for m in
+            re.finditer(r"vllm-intel patches \(pid \d+, ([^)]+)\): (.*)$", log, re.M)}
+
+
+def states(line: str) -> dict[str, str]:
+    return dict(kv.split("=", 1) for kv in line.split())
+
+
+@pytest.mark.slow
+@pytest.mark.vllm
+@pytest.mark.parametrize("version,expected", [
+    ("0.32.0", {"cpu-accelerator-api": "applied", "cpu-accelerator-noops": "upstream",
+                "xpu-shutdown": "upstream"}),
+    ("0.27.1", {"cpu-accelerator-api": "applied", "cpu-accelerator-noops": "applied",
+                "xpu-shutdown": "upstream"}),
+])
+def test_vllm_serve_loads_plugin_in_every_process(vllm_venv, tiny_model, tmp_path, version,
+                                                  expected):
+    res = serve_and_complete(vllm_venv(version), tiny_model, tmp_path / "serve.log")
+    tail = res["log"][-4000:]
+    assert res["ready_s"] is not None, f"not ready in {READY_TIMEOUT}s:\n{tail}"
+    assert res["status"] == 200, tail
+    assert res["exit"] == 0, tail
+    lines = patch_lines(res["log"])
+    assert set(lines) == {"API server", "EngineCore", "Worker"}, lines
+    for kind, line in lines.items():
+        got = states(line)
+        assert {k: got.get(k) for k in expected} == expected, (kind, line)
+    assert "Traceback" not in res["log"], tail
