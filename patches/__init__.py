@@ -14,6 +14,7 @@ import logging
 import multiprocessing
 import os
 import sys
+import time
 
 from ._base import (APPLIED, DISABLED, FAILED, NOT_APPLICABLE, UPSTREAM, Patch,
                     PatchConfigError, PatchFailedError)
@@ -25,6 +26,16 @@ __all__ = ["register", "main", "apply_all", "PatchConfigError", "PatchFailedErro
 # A child of vLLM's logger, so the line gets vLLM's format and "(EngineCore pid=..)" prefix.
 log = logging.getLogger("vllm.vllm_intel_patches")
 _registered_pid: int | None = None
+
+
+def _emit(level: int, msg: str, *args) -> None:
+    """Log through vLLM's logger; vLLM 0.32 configures logging lazily (from the CLI args), so the
+    API server may load plugins before any handler exists - then write the line to stderr."""
+    if log.hasHandlers():
+        log.log(level, msg, *args)
+    elif level >= logging.INFO:
+        print(f"{logging.getLevelName(level)} {time.strftime('%m-%d %H:%M:%S')} "
+              f"[vllm_intel_patches] {msg % args}", file=sys.stderr, flush=True)
 
 
 def process_kind() -> str:
@@ -73,17 +84,17 @@ def register() -> None:
     except Exception as exc:  # a bug here must not take vLLM down (unless strict)
         if strict:
             raise
-        log.error("vllm-intel patches: not applied: %s: %s", type(exc).__name__, exc)
+        _emit(logging.ERROR, "vllm-intel patches: not applied: %s: %s", type(exc).__name__, exc)
         return
     if error is not None:
         if strict:
             raise error
-        log.error("vllm-intel patches: %s", error)
-    log.info("vllm-intel patches (pid %d, %s): %s", os.getpid(), process_kind(),
-             " ".join(f"{p.name}={p.state}" for p in _order(patches)))
+        _emit(logging.ERROR, "vllm-intel patches: %s", error)
+    _emit(logging.INFO, "vllm-intel patches (pid %d, %s): %s", os.getpid(), process_kind(),
+          " ".join(f"{p.name}={p.state}" for p in _order(patches)))
     for p in patches:
         if p.state == FAILED and not strict:
-            log.warning("vllm-intel patch %s failed: %s", p.name, p.reason)
+            _emit(logging.WARNING, "vllm-intel patch %s failed: %s", p.name, p.reason)
     if strict and (failure := _failure(patches)) is not None:
         raise failure
 

@@ -14,7 +14,7 @@ image=vllm-intel:cpu-$VLLM_VERSION
 section ":docker: build $image"
 network_retryable scripts/build-image.sh cpu
 section ":docker: build $image-test"
-TARGET=test network_retryable scripts/build-image.sh cpu
+TARGET="test" network_retryable scripts/build-image.sh cpu
 
 if [ "${SKIP_IN_IMAGE_TESTS:-0}" != 1 ]; then
   section ":pytest: tests inside $image-test"

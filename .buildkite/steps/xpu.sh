@@ -7,8 +7,9 @@
 source "$(dirname "$0")/lib.sh"
 setup_step
 
-render=$(ls /dev/dri/renderD* 2>/dev/null | head -n1 || true)
-[ -n "$render" ] || { echo "xpu: no /dev/dri/renderD* on this agent (wrong queue?)" >&2; exit 1; }
+renders=(/dev/dri/renderD*)
+render=${renders[0]}
+[ -e "$render" ] || { echo "xpu: no /dev/dri/renderD* on this agent (wrong queue?)" >&2; exit 1; }
 
 image=vllm-intel:xpu-$VLLM_VERSION
 section ":docker: build $image"

@@ -3,8 +3,10 @@ would run and stop it: its securityContext, emptyDirs and env as `docker run` fl
 probes through `docker exec`, and on termination kubelet's order: the preStop hook, then SIGTERM,
 then SIGKILL when terminationGracePeriodSeconds (counted from the start of the preStop) run out.
 
-Streams are in flight through all of it: they must all finish with [DONE], and the container must
-exit 0 before the SIGKILL would be due.
+Clients keep starting streams until the preStop returns (traffic still arrives while endpoints
+are being removed), so streams are in flight through the preStop and at SIGTERM, however long the
+`docker exec` of the hook takes on a busy machine. Every stream must finish with [DONE], and the
+container must exit 0 before the SIGKILL would be due.
 """
 
 from __future__ import annotations
@@ -12,23 +14,56 @@ from __future__ import annotations
 import json
 import pathlib
 import subprocess
+import threading
 import time
 
 import pytest
 import requests
 
 from tests.deploy.manifests import container, pod_spec, prestop_seconds
-from tools.serving import Streams, wait_until_tokens_flow
+from tools.serving import StreamResult, stream_completion, wait_until_tokens_flow
 
 from .conftest import DOCKER, docker, free_port
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 OVERLAY = "cpu"
-STREAMS = 4
-# Long enough that the streams are still generating when the preStop ends and SIGTERM arrives
-# (~5-8 s each on 2 busy cores), short enough to finish well inside the 30 s drain.
+CLIENTS = 4
+# Each stream lasts ~3 s on 2 idle cores, ~15 s on busy ones: longer than the settle below, and
+# short enough to finish well inside the 30 s drain.
 STREAM_TOKENS = 4000
+# Between the last new request and SIGTERM: lets a request sent just before the clients stopped
+# reach vLLM before the drain starts (after SIGTERM new requests get 503, by design).
+SETTLE_S = 1.0
+
+
+class Traffic:
+    """CLIENTS clients, each sending one stream after another until stop()."""
+
+    def __init__(self, url: str, model: str, timeout: float):
+        self._stop = threading.Event()
+        self.results: list[StreamResult] = []
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(url, model, timeout))
+                         for _ in range(CLIENTS)]
+        for t in self._threads:
+            t.start()
+
+    def _client(self, url: str, model: str, timeout: float) -> None:
+        while not self._stop.is_set():
+            r = stream_completion(url, model, STREAM_TOKENS, timeout)
+            with self._lock:
+                self.results.append(r)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> list[StreamResult]:
+        end = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(end - time.monotonic(), 0))
+        assert not any(t.is_alive() for t in self._threads), "a client is still waiting"
+        return self.results
 
 
 def kubelet_flags(spec: dict, c: dict, volume_root: pathlib.Path) -> list[str]:
@@ -94,7 +129,7 @@ def test_kubelet_termination_drains_streams(pod):
     assert exec_rc(cid, c["livenessProbe"]["exec"]["command"], 30) == 0
 
     model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
-    streams = Streams(url, model, STREAMS, STREAM_TOKENS, timeout=grace + 60)
+    traffic = Traffic(url, model, timeout=grace + 60)
     wait_until_tokens_flow(url, timeout=60)
 
     # kubelet: the grace period starts with the preStop hook; SIGTERM follows when it returns.
@@ -103,6 +138,8 @@ def test_kubelet_termination_drains_streams(pod):
     rc = exec_rc(cid, c["lifecycle"]["preStop"]["exec"]["command"], grace)
     prestop_took = time.monotonic() - prestop_started
     assert rc == 0 and prestop_took >= prestop_seconds(c) - 0.5, (rc, prestop_took)
+    traffic.stop()
+    time.sleep(SETTLE_S)
     t_term = time.monotonic()
     docker("kill", "-s", "TERM", cid)
 
@@ -116,12 +153,12 @@ def test_kubelet_termination_drains_streams(pod):
     except subprocess.TimeoutExpired:
         docker("kill", "-s", "KILL", cid, check=False)  # what kubelet would do now
         pytest.fail(f"still running at terminationGracePeriodSeconds ({grace} s): SIGKILLed")
-    results = streams.join(timeout=60)
+    results = traffic.join(timeout=60)
 
     in_flight = sum(r.ended > t_term for r in results)
     print(f"preStop {prestop_took:.1f} s, exit {exited - t_term:.1f} s after SIGTERM "
           f"({exited - prestop_started:.1f} s of the {grace} s grace); "
-          f"{in_flight}/{STREAMS} streams in flight at SIGTERM")
+          f"{len(results)} streams, {in_flight} of them in flight at SIGTERM")
     bad = [r for r in results if not (r.status == 200 and r.done and r.finish_reason == "length"
                                       and r.error is None)]
     assert not bad, f"streams not completed with [DONE]: {bad}"

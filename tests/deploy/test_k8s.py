@@ -113,8 +113,10 @@ def test_exec_form_only(overlay):
     """entrypoint.py must stay PID 1: no `command:` override, no shell anywhere."""
     c = container(overlay)
     assert "command" not in c, "keep the image's ENTRYPOINT (entrypoint.py as PID 1)"
-    text = render_text(overlay)
-    assert not re.search(r"\b(sh|bash)\b\s*\n\s*- -c|/bin/sh|\bsh -c\b", text)
+    hooks = [c[p]["exec"]["command"] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
+    hooks.append(c["lifecycle"]["preStop"]["exec"]["command"])
+    for argv in hooks + [c.get("args", [])]:
+        assert argv and not {"sh", "bash", "dash"} & {a.rsplit("/", 1)[-1] for a in argv}, argv
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
