@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -38,11 +40,13 @@ class Run:
                                      env=self.env, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True)
 
-    def wait_for(self, predicate, timeout: float = 10.0) -> None:
+    def wait_for(self, predicate, timeout: float = 30.0) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if predicate():
                 return
+            if self.proc.poll() is not None:
+                raise AssertionError(f"entrypoint exited early:\n{self.proc.stdout.read()}")
             time.sleep(0.05)
         raise AssertionError("condition not reached in time")
 
@@ -70,6 +74,15 @@ class Run:
             out, _ = self.proc.communicate()
             raise AssertionError(f"entrypoint hung:\n{out}")
         return self.proc.returncode, out, time.monotonic() - t0
+
+
+@pytest.fixture
+def tmp_path():
+    """A short temporary directory: vLLM's IPC socket paths must fit in 107 bytes, and
+    entrypoint.py refuses a TMPDIR longer than that allows (pytest's own paths are too long)."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix="sv-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -4,9 +4,9 @@ error with a documented exit code - never a traceback, a hang or another code.""
 
 from __future__ import annotations
 
+import pathlib
 import signal
-import subprocess
-import sys
+import tempfile
 import time
 
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -28,8 +28,8 @@ flag = st.sampled_from(["--port", "--port=", "--shutdown-timeout", "--shutdown-t
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sub=subcommand, flags=st.lists(flag, max_size=4), drain=drain, dev=device)
-def test_inputs_end_in_a_server_or_a_documented_error(tmp_path_factory, sub, flags, drain, dev):
-    tmp = tmp_path_factory.mktemp("fuzz")
+def test_inputs_end_in_a_server_or_a_documented_error(tmp_path, sub, flags, drain, dev):
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="fz-", dir=tmp_path))
     env = {"INTEL_VLLM_DRAIN_TIMEOUT": drain}
     if dev is not None:
         env["INTEL_VLLM_DEVICE"] = dev
