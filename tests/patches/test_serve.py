@@ -91,4 +91,6 @@ def test_vllm_serve_loads_plugin_in_every_process(vllm_venv, tiny_model, tmp_pat
     for kind, line in lines.items():
         got = states(line)
         assert {k: got.get(k) for k in expected} == expected, (kind, line)
-    assert "Traceback" not in res["log"], tail
+    # (vLLM's default abort-mode shutdown logs an EngineDeadError traceback of its own; only
+    # tracebacks through our package or a failed patch count)
+    assert "vllm_intel_patches/" not in res["log"] and "vllm-intel patch " not in res["log"], tail

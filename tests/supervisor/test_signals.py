@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import sys
 import time
@@ -191,3 +192,15 @@ def test_grace_period_follows_the_formula(tmp_path):
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="30") == "45"
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="120") == "135"
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="0", INTEL_VLLM_DEVICE="xpu") == "20"
+
+
+def test_orphans_that_exit_are_reaped(run, tmp_path):
+    pid_file = tmp_path / "orphan.pid"
+    r = run({"FAKE_ZOMBIE": str(pid_file)})
+    r.wait_for(lambda: pid_file.exists() and pid_file.read_text())
+    orphan = pathlib.Path(f"/proc/{pid_file.read_text()}/stat")
+    time.sleep(0.3)
+    assert orphan.read_text().rsplit(")", 1)[1].split()[1] == str(r.proc.pid)  # re-parented to us
+    r.wait_for(lambda: not orphan.exists())  # exited and reaped: not left a zombie
+    r.signal(signal.SIGTERM)
+    assert r.finish()[0] == 0

@@ -6,7 +6,8 @@ FAKE_READY_AFTER seconds have passed, and behaves on SIGTERM as FAKE_ON_TERM say
   ignore      keep running (the supervisor must escalate)
   die:SIG     kill itself with signal SIG
 FAKE_ORPHAN=1 starts a grandchild in the same process group that outlives us and ignores SIGTERM.
-FAKE_EXIT_AFTER=S,N exits by itself with code N after S seconds (an "engine death").
+FAKE_ZOMBIE=PATH leaves an orphan (its pid written to PATH) that exits after 1.5 s: re-parented to
+the supervisor, which must reap it. FAKE_EXIT_AFTER=S,N exits by itself with code N after S seconds (an "engine death").
 """
 
 import http.server
@@ -23,6 +24,11 @@ print("fake vllm argv:", " ".join(args), flush=True)
 start = time.monotonic()
 ready_after = float(os.environ.get("FAKE_READY_AFTER", "0"))
 terms = []
+
+if os.environ.get("FAKE_ZOMBIE"):
+    subprocess.Popen([sys.executable, "-c", "import os,sys,time\nif os.fork() == 0:\n"
+                      " open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(1.5)",
+                      os.environ["FAKE_ZOMBIE"]]).wait()
 
 
 def on_signal(sig, frame):
