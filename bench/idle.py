@@ -1,0 +1,100 @@
+"""idle: SIGTERM to exit of an idle server in a container, ours vs Docker's default alternative.
+
+Ours: a container of vllm-intel:cpu as shipped (entrypoint.py is PID 1), `serve --enforce-eager`.
+Alternative: a container of the same image with `--entrypoint sh` running
+`sh -c 'vllm serve MODEL --enforce-eager; exit $?'`: sh is PID 1 and does not forward SIGTERM
+(the kernel drops it for PID 1 without a handler), so `docker stop` SIGKILLs after its default 10 s.
+(A bare `sh -c 'vllm serve ...'` would not show it: dash execs the last command, making vLLM PID 1.)
+Both are stopped with plain `docker stop` (Docker's default timeout). Without an engine or image:
+ours is measured locally (entrypoint.py, SIGTERM to exit) and the alternative is "not measured".
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import requests
+
+from tools.serving import free_port
+
+from .common import Row, log, pair_ratios, ready, start, stop
+from .dockerutil import IMAGE, docker, engine
+
+MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
+
+
+def container(kind: str, label: str) -> dict:
+    port = free_port()
+    name = f"vllm-intel-bench-{os.getpid()}-{kind}-{label}"
+    common = ["run", "-d", "--name", name, "--shm-size", "2g", "-p", f"127.0.0.1:{port}:8000",
+              "-e", "VLLM_CPU_KVCACHE_SPACE=1"]
+    if kind == "ours":
+        args = common + [IMAGE, "serve", "--enforce-eager"]
+    else:
+        args = common + ["--entrypoint", "sh", IMAGE, "-c",
+                         f"vllm serve {MODEL_IN_IMAGE} --enforce-eager; exit $?"]
+    docker(*args)
+    try:
+        t0 = time.monotonic()
+        end = t0 + 600
+        while time.monotonic() < end:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() != "true":
+                raise RuntimeError(f"{kind} container exited:\n" +
+                                   docker("logs", "--tail", "30", name, check=False).stderr)
+            time.sleep(0.5)
+        else:
+            raise TimeoutError(f"{kind} container not ready after 600 s")
+        t_ready = time.monotonic() - t0
+        time.sleep(2)
+        t = time.monotonic()
+        docker("stop", name, timeout=120)
+        took = time.monotonic() - t
+        code = int(docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip())
+        out = {"kind": kind, "ready_s": round(t_ready, 1), "stop_s": round(took, 2),
+               "exit_code": code}
+        log(f"idle docker stop: {out}")
+        return out
+    finally:
+        docker("rm", "-f", name, check=False)
+
+
+def local(label: str) -> dict:
+    s = start("ours", ["--enforce-eager"], name=f"idle-local-{label}")
+    try:
+        ready(s)
+        time.sleep(2)
+        t = s.signal(signal.SIGTERM)
+        code = s.wait(60)
+        out = {"stop_s": round(time.monotonic() - t, 2) if code is not None else "hung",
+               "exit_code": code}
+        log(f"idle local: {out}")
+        return out
+    finally:
+        stop(s)
+
+
+def run(repeat: int, quick: bool) -> list[Row]:
+    host, why = engine()
+    if host is None:
+        ours = [local(str(i)) for i in range(repeat)]
+        return [Row("idle", "idle SIGTERM -> exit (local entrypoint.py; no Docker)", "s",
+                    [r["stop_s"] for r in ours], ["not measured"], [], "ours <= 3 s",
+                    all(isinstance(r["stop_s"], float) and r["stop_s"] <= 3 for r in ours),
+                    note=f"Docker alternative not measured: {why}")]
+    ours, alt = [], []
+    for rep in range(repeat):
+        ours.append(container("ours", str(rep)))
+        alt.append(container("sh", str(rep)))
+    o, a = [r["stop_s"] for r in ours], [r["stop_s"] for r in alt]
+    return [Row("idle", "idle `docker stop` -> exited (default timeout)", "s", o, a,
+                pair_ratios(o, a), "ours <= 3 s", all(v <= 3 for v in o),
+                note=f"{IMAGE}; exit codes ours {[r['exit_code'] for r in ours]}, `sh -c` PID 1 "
+                     f"{[r['exit_code'] for r in alt]} (137 = SIGKILL); time to /health: ours "
+                     f"{[r['ready_s'] for r in ours]}, alternative {[r['ready_s'] for r in alt]}")]

@@ -1,0 +1,90 @@
+"""image: the CPU image's size against its Python environment, and a rebuild after a code change.
+
+- size: `docker image inspect` Size of vllm-intel:cpu vs `du -sb /opt/venv` inside it (goal <= 1.1).
+- rebuild: scripts/build-image.sh cpu run on a copy of the build inputs (bench/results/context,
+  never the tracked files) tagged vllm-intel:bench-rebuild. The first build of the unchanged copy
+  must come from the build cache (else "not measured": the copy does not reproduce the cache keys).
+  Then per repeat: A = a code-only change (a comment appended to the copy's entrypoint.py, new each
+  time) and B = the same build again with nothing changed (the floor of a build).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+from .common import RESULTS, ROOT, Row, log
+from .dockerutil import IMAGE, docker, engine
+
+# What the runtime target reads from the context (Dockerfile.cpu's COPY and bind mounts).
+INPUTS = ("docker", "tools", "patches", "scripts", "pyproject.toml", "entrypoint.py",
+          "VLLM_VERSION", ".dockerignore")
+TAG = "vllm-intel:bench-rebuild"
+CACHED_LIMIT_S = 300  # an unchanged copy that takes longer is rebuilding vLLM: give up
+
+
+def copy_context() -> "os.PathLike":
+    ctx = RESULTS / "context"
+    shutil.rmtree(ctx, ignore_errors=True)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info")
+    for name in INPUTS:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, ctx / name, ignore=ignore)
+        elif src.exists():
+            shutil.copy2(src, ctx / name)
+    return ctx
+
+
+def build(ctx, timeout: float) -> float:
+    env = dict(os.environ, TAG=TAG)
+    if "WHEELS_DIR" not in env and os.path.isdir("/opt/wheels"):
+        env["WHEELS_DIR"] = "/opt/wheels"  # as the tests build it: the same cache keys
+    t = time.monotonic()
+    r = subprocess.run(["bash", str(ctx / "scripts" / "build-image.sh"), "cpu"], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    took = time.monotonic() - t
+    if r.returncode != 0:
+        raise RuntimeError(f"build failed: {r.stderr[-1500:]}")
+    return took
+
+
+def run(repeat: int, quick: bool) -> list[Row]:
+    host, why = engine()
+    if host is None:
+        return [Row("image", "image size / venv size", "", ["not measured"], [], [], "<= 1.1",
+                    None, note=why),
+                Row("image", "rebuild after a code-only change", "s", ["not measured"], [], [],
+                    "", None, note=why)]
+    size = int(docker("image", "inspect", "-f", "{{.Size}}", IMAGE).stdout.strip())
+    du = docker("run", "--rm", "--entrypoint", "du", IMAGE, "-sb", "/opt/venv", timeout=300)
+    venv = int(du.stdout.split()[0])
+    rows = [Row("image", "image size vs /opt/venv size", "GB", [size / 1e9], [venv / 1e9],
+                [size / venv], "ratio <= 1.1", size / venv <= 1.1,
+                note=f"{IMAGE}: image {size} B, du -sb /opt/venv {venv} B")]
+    ctx = copy_context()
+    changed, floor = [], []
+    try:
+        try:
+            first = build(ctx, CACHED_LIMIT_S)
+            log(f"unchanged copy built in {first:.1f} s (from the cache)")
+        except subprocess.TimeoutExpired:
+            rows.append(Row("image", "rebuild after a code-only change", "s", ["not measured"],
+                            [], [], "", None, note="the copy of the context missed the build "
+                            f"cache (> {CACHED_LIMIT_S} s): it would rebuild vLLM"))
+            return rows
+        for rep in range(repeat):
+            with open(ctx / "entrypoint.py", "a") as f:
+                f.write(f"# bench rebuild {time.time()} {rep}\n")
+            changed.append(build(ctx, 1200))
+            floor.append(build(ctx, 600))
+            log(f"rebuild: code change {changed[-1]:.1f} s, no change {floor[-1]:.1f} s")
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+        docker("rmi", TAG, check=False)
+    rows.append(Row("image", "rebuild after a code-only change (entrypoint.py)", "s", changed,
+                    floor, [], "", None, fmt="{:.1f}",
+                    note="alternative column = the same build with nothing changed (cache only)"))
+    return rows

@@ -1,0 +1,54 @@
+"""overhead: what the supervisor costs at start. entrypoint.py serve vs bare `vllm serve`, same model,
+same flags (--enforce-eager), the plugin loaded in both: only the supervisor differs."""
+
+from __future__ import annotations
+
+import signal
+import time
+from statistics import median
+
+from .common import Row, log, pair_ratios, ready, rss_kb, start, stop, tree_rss_kb
+
+SETTLE_S = 3  # after /health answers, before reading RSS: both variants alike
+
+
+def one(kind: str, label: str) -> dict:
+    s = start(kind, ["--enforce-eager"], name=f"overhead-{kind}-{label}")
+    try:
+        t_ready = ready(s)
+        time.sleep(SETTLE_S)
+        out = {"kind": kind, "ready_s": round(t_ready, 2), "tree_rss_mb": tree_rss_kb(s.pid) / 1024,
+               "top_rss_mb": rss_kb(s.pid) / 1024}
+        t = s.signal(signal.SIGTERM)
+        code = s.wait(30)
+        out["idle_stop_s"] = round(time.monotonic() - t, 2) if code is not None else "hung"
+        out["exit_code"] = code
+        log(f"overhead {kind}: {out}")
+        return out
+    finally:
+        stop(s)
+
+
+def run(repeat: int, quick: bool) -> list[Row]:
+    ours, bare = [], []
+    for rep in range(repeat):
+        ours.append(one("ours", str(rep)))
+        bare.append(one("bare", str(rep)))
+    o, b = [r["ready_s"] for r in ours], [r["ready_s"] for r in bare]
+    ro = pair_ratios(o, b)
+    rows = [Row("overhead", "time to ready (/health 200)", "s", o, b, ro, "ratio <= 1.03",
+                bool(ro) and median(ro) <= 1.03)]
+    o, b = [r["tree_rss_mb"] for r in ours], [r["tree_rss_mb"] for r in bare]
+    rr = pair_ratios(o, b)
+    rows.append(Row("overhead", "RSS of the process tree (sum of VmRSS)", "MB", o, b, rr,
+                    "ratio <= 1.03", bool(rr) and median(rr) <= 1.03, fmt="{:.0f}"))
+    sup = [r["top_rss_mb"] for r in ours]
+    rows.append(Row("overhead", "supervisor process RSS (entrypoint.py VmRSS)", "MB", sup, [], [],
+                    "< 40 MB", all(v < 40 for v in sup), fmt="{:.1f}",
+                    note="alternative: no supervisor"))
+    o, b = [r["idle_stop_s"] for r in ours], [r["idle_stop_s"] for r in bare]
+    rows.append(Row("overhead", "idle SIGTERM -> exit (local, no container)", "s", o, b,
+                    pair_ratios(o, b), "", None,
+                    note=f"exit codes ours {[r['exit_code'] for r in ours]}, "
+                         f"alternative {[r['exit_code'] for r in bare]}"))
+    return rows
