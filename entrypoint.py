@@ -219,52 +219,57 @@ def request_counts(port: int) -> dict[str, float] | None:
 
 # ---------------------------------------------------------------------------------- leftovers
 
-def _open_paths() -> set[str]:
-    """Every path some live process has open or mapped (to tell stale files from live ones)."""
-    paths = set()
+def _files_in_use() -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of every file some live process has mapped or open.
+
+    By inode, not by path: glibc's sem_open() creates a temporary `sem.XXXXXX`, maps it, links
+    it to its final name and unlinks the temporary one, so /proc/PID/maps names a deleted file
+    for every live semaphore."""
+    used = set()
     for proc in pathlib.Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            for fd in (proc / "fd").iterdir():
-                try:
-                    paths.add(os.readlink(fd))
-                except OSError:
-                    pass
             for line in (proc / "maps").read_text().splitlines():
                 parts = line.split(maxsplit=5)
-                if len(parts) == 6:
-                    paths.add(parts[5].replace(" (deleted)", ""))
+                if len(parts) == 6 and parts[4] != "0":
+                    major, minor = (int(x, 16) for x in parts[3].split(":"))
+                    used.add((os.makedev(major, minor), int(parts[4])))
+            for fd in (proc / "fd").iterdir():
+                try:
+                    st = os.stat(fd)
+                    used.add((st.st_dev, st.st_ino))
+                except OSError:
+                    pass
         except OSError:
             continue
-    return paths
+    return used
 
 
 def remove_stale(shm_dir: pathlib.Path, tmp_dir: pathlib.Path, only: set[str] | None = None) -> list[str]:
     """Remove vLLM shm segments and run directories that no live process uses.
 
     `only` limits the shm candidates (at exit: the segments created during this run)."""
-    in_use = _open_paths()
+    in_use = _files_in_use()
     removed = []
     for entry in sorted(shm_dir.iterdir()) if shm_dir.is_dir() else []:
         if only is not None and entry.name not in only:
             continue
-        if any(p.match(entry.name) for p in SHM_PATTERNS) and str(entry) not in in_use:
-            try:
+        if not any(p.match(entry.name) for p in SHM_PATTERNS):
+            continue
+        try:
+            st = entry.stat()
+            if (st.st_dev, st.st_ino) not in in_use:
                 entry.unlink()
                 removed.append(str(entry))
-            except OSError:
-                pass
+        except OSError:
+            pass
     for run_dir in sorted(tmp_dir.glob(RUN_DIR_PREFIX + "*")) if only is None else []:
-        pid_file = run_dir / "supervisor.pid"
         try:
-            pid = int(pid_file.read_text())
-            os.kill(pid, 0)
+            os.kill(int((run_dir / "supervisor.pid").read_text()), 0)
             continue  # its supervisor is alive
-        except ProcessLookupError:
-            pass
         except (OSError, ValueError):
-            pass
+            pass  # no such process, or no readable pid: stale
         shutil.rmtree(run_dir, ignore_errors=True)
         removed.append(str(run_dir))
     return removed

@@ -6,6 +6,7 @@ import importlib.util
 import os
 import pathlib
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -70,6 +71,32 @@ def ready(s: Server, timeout: float = 400) -> float:
     s.family = [s.pid] + descendants(s.pid)
     s.shm = shm_segments(s.family)
     return took
+
+
+def launch(kind: str, flags: list[str], *, version: str = DEFAULT_VLLM, env: dict | None = None,
+           name: str = "server", timeout: float = 400, retries: int = 1) -> tuple[Server, float]:
+    """start() + ready(); a server that dies while starting is started again (`retries` times).
+
+    Why: on a shared machine another process can break a start (e.g. another supervisor's
+    stale-leftover sweep removing a semaphore a starting vLLM worker was about to open)."""
+    for attempt in range(retries + 1):
+        s = start(kind, flags, version=version, env=env, name=f"{name}-try{attempt}")
+        try:
+            return s, ready(s, timeout)
+        except RuntimeError as e:
+            stop(s)
+            if attempt == retries:
+                raise
+            log(f"{name}: the server died while starting, starting it again "
+                f"({str(e).splitlines()[0][:120]}; log {s.log_path})")
+    raise AssertionError("unreachable")
+
+
+def terminate(s: Server, timeout: float = 45) -> int | None:
+    """SIGTERM the server if it still runs and wait for it; its exit code or None."""
+    if s.proc.poll() is None:
+        s.signal(signal.SIGTERM)
+    return s.wait(timeout)
 
 
 def stop(s: Server) -> None:

@@ -9,25 +9,25 @@ killed and recorded as "hung".
 
 from __future__ import annotations
 
+import re
 import signal
 import time
 
 from tools.serving import Streams, wait_until_tokens_flow
 
-from .common import Row, log, pair_ratios, ready, start, stop
+from .common import Row, launch, log, stop
 
 CLIENT_TIMEOUT_S = 30
 EXIT_BOUND_S = 45  # = the orchestrator grace period of the entrypoint (DRAIN 30 + 10 + 5)
 # Tokens per stream: each N lasts a few seconds (tiny model, eager, 2 busy cores).
-MAX_TOKENS = {1: 4000, 8: 800, 32: 300}
+MAX_TOKENS = {1: 1500, 8: 400, 32: 160}
 
 
 def one(kind: str, n: int, label: str) -> dict:
     env = {"VLLM_PLUGINS": "none"} if kind == "bare" else {}
-    s = start(kind, ["--enforce-eager"], env=env, name=f"drain-{kind}-n{n}-{label}")
     max_tokens = MAX_TOKENS.get(n, max(300, 8000 // n))
+    s, _ = launch(kind, ["--enforce-eager"], env=env, name=f"drain-{kind}-n{n}-{label}")
     try:
-        ready(s)
         streams = Streams(s.url, s.model, n, max_tokens, timeout=CLIENT_TIMEOUT_S)
         wait_until_tokens_flow(s.url, running=n, timeout=120)
         t_term = s.signal(signal.SIGTERM)
@@ -41,10 +41,13 @@ def one(kind: str, n: int, label: str) -> dict:
         timed_out = sum(1 for r in results if r.error and "Timeout" in r.error)
         last = max(r.ended for r in results) - t_term
         out = {"n": n, "kind": kind, "max_tokens": max_tokens, "in_flight": n - before,
-               "completed": completed, "done_event": told, "client_timeouts": timed_out,
+               "completed": completed,
+               "finish_reasons": sorted({str(r.finish_reason) for r in results}), "done_event": told, "client_timeouts": timed_out,
                "exit_code": code, "exit_s": round(t_exit, 2) if t_exit is not None else "hung",
                "last_stream_s": round(last, 2),
                "gap_s": round(t_exit - last, 2) if t_exit is not None else "hung"}
+        m = re.search(r"\[entrypoint\] exit \d+: vLLM .* ([0-9.]+) s after the stop request", s.text())
+        out["vllm_exit_s"] = float(m.group(1)) if m else None  # the supervisor's own view
         log(f"drain {kind} N={n}: {out}")
         return out
     finally:
@@ -65,13 +68,16 @@ def run(repeat: int, quick: bool) -> list[Row]:
         rows.append(Row("drain", f"N={n}: completed / in flight", "%",
                         [pct(r) for r in ours], [pct(r) for r in bare], [],
                         "ours 100 %", all(pct(r) == 100 for r in ours),
-                        note=f"{MAX_TOKENS.get(n)} tokens/stream; alternative streams with [DONE]: "
-                             f"{[r['done_event'] for r in bare]}, client timeouts: "
+                        note=f"{MAX_TOKENS.get(n)} tokens/stream; alternative: streams ended with [DONE] "
+                             f"{[r['done_event'] for r in bare]}, finish reasons "
+                             f"{[r['finish_reasons'] for r in bare]}, client timeouts "
                              f"{[r['client_timeouts'] for r in bare]}", fmt="{:.0f}"))
         ox, bx = [r["exit_s"] for r in ours], [r["exit_s"] for r in bare]
-        rows.append(Row("drain", f"N={n}: SIGTERM -> exit", "s", ox, bx, pair_ratios(ox, bx),
+        rows.append(Row("drain", f"N={n}: SIGTERM -> exit", "s", ox, bx, [],
                         "", None, note=f"exit codes ours {[r['exit_code'] for r in ours]}, "
-                                       f"alternative {[r['exit_code'] for r in bare]}"))
+                                       f"alternative {[r['exit_code'] for r in bare]}; ours: vLLM "
+                                       "itself exited after "
+                                       f"{[r['vllm_exit_s'] for r in ours]} s (supervisor's log)"))
         og, bg = [r["gap_s"] for r in ours], [r["gap_s"] for r in bare]
         rows.append(Row("drain", f"N={n}: exit - last stream end", "s", og, bg, [],
                         "ours <= 2 s", all(isinstance(g, float) and g <= 2 for g in og),

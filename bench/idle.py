@@ -12,6 +12,7 @@ ours is measured locally (entrypoint.py, SIGTERM to exit) and the alternative is
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 
@@ -19,7 +20,7 @@ import requests
 
 from tools.serving import free_port
 
-from .common import Row, log, pair_ratios, ready, start, stop
+from .common import RESULTS, Row, launch, log, pair_ratios, stop
 from .dockerutil import IMAGE, docker, engine
 
 MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
@@ -57,18 +58,23 @@ def container(kind: str, label: str) -> dict:
         docker("stop", name, timeout=120)
         took = time.monotonic() - t
         code = int(docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip())
+        text = docker("logs", name, check=False)
+        m = re.search(r"\[entrypoint\] exit \d+: vLLM .* ([0-9.]+) s after the stop request",
+                      text.stdout + text.stderr)
         out = {"kind": kind, "ready_s": round(t_ready, 1), "stop_s": round(took, 2),
-               "exit_code": code}
+               "exit_code": code, "vllm_exit_s": float(m.group(1)) if m else None}
         log(f"idle docker stop: {out}")
         return out
     finally:
+        logs = docker("logs", name, check=False)
+        (RESULTS / "logs").mkdir(parents=True, exist_ok=True)
+        (RESULTS / "logs" / f"idle-{kind}-{label}.log").write_text(logs.stdout + logs.stderr)
         docker("rm", "-f", name, check=False)
 
 
 def local(label: str) -> dict:
-    s = start("ours", ["--enforce-eager"], name=f"idle-local-{label}")
+    s, _ = launch("ours", ["--enforce-eager"], name=f"idle-local-{label}")
     try:
-        ready(s)
         time.sleep(2)
         t = s.signal(signal.SIGTERM)
         code = s.wait(60)
@@ -96,5 +102,7 @@ def run(repeat: int, quick: bool) -> list[Row]:
     return [Row("idle", "idle `docker stop` -> exited (default timeout)", "s", o, a,
                 pair_ratios(o, a), "ours <= 3 s", all(v <= 3 for v in o),
                 note=f"{IMAGE}; exit codes ours {[r['exit_code'] for r in ours]}, `sh -c` PID 1 "
-                     f"{[r['exit_code'] for r in alt]} (137 = SIGKILL); time to /health: ours "
+                     f"{[r['exit_code'] for r in alt]} (137 = SIGKILL); ours: vLLM itself exited "
+                     f"after {[r['vllm_exit_s'] for r in ours]} s (supervisor's log); "
+                     "time to /health: ours "
                      f"{[r['ready_s'] for r in ours]}, alternative {[r['ready_s'] for r in alt]}")]

@@ -7,15 +7,14 @@ import signal
 import time
 from statistics import median
 
-from .common import Row, log, pair_ratios, ready, rss_kb, start, stop, tree_rss_kb
+from .common import Row, launch, log, pair_ratios, rss_kb, stop, tree_rss_kb
 
 SETTLE_S = 3  # after /health answers, before reading RSS: both variants alike
 
 
 def one(kind: str, label: str) -> dict:
-    s = start(kind, ["--enforce-eager"], name=f"overhead-{kind}-{label}")
+    s, t_ready = launch(kind, ["--enforce-eager"], name=f"overhead-{kind}-{label}")
     try:
-        t_ready = ready(s)
         time.sleep(SETTLE_S)
         out = {"kind": kind, "ready_s": round(t_ready, 2), "tree_rss_mb": tree_rss_kb(s.pid) / 1024,
                "top_rss_mb": rss_kb(s.pid) / 1024}

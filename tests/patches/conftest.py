@@ -7,12 +7,9 @@ JSON object as their last stdout line; `run_json` returns it.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import subprocess
-import sys
-import textwrap
 import zipfile
 
 import pytest
@@ -24,19 +21,7 @@ CACHE = pathlib.Path(os.environ.get("VLLM_INTEL_CACHE")
 OLD_XPU_VLLM = "0.24.0"  # last release before vLLM PR #46433 (XPU shutdown)
 
 
-def run_py(python, code: str, env: dict | None = None, timeout: float = 600, cwd=None):
-    full_env = dict(os.environ, **(env or {}))
-    # Plain snippets must see neither our checkout's nor the user's site customisations.
-    return subprocess.run([str(python), "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, env=full_env, timeout=timeout, cwd=cwd or "/")
-
-
-def run_json(python, code: str, env: dict | None = None, timeout: float = 600):
-    cp = run_py(python, code, env, timeout)
-    lines = cp.stdout.strip().splitlines()
-    assert cp.returncode == 0 and lines, (
-        f"exit {cp.returncode}\n--- stdout\n{cp.stdout[-3000:]}\n--- stderr\n{cp.stderr[-6000:]}")
-    return json.loads(lines[-1])
+from _patchtest import run_json, run_py  # noqa: F401 (historical import path)
 
 
 @pytest.fixture(scope="session")

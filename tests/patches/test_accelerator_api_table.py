@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_json
+from _patchtest import run_json
 
 ENUMERATE = r"""
 import collections, inspect, json, re, sys, torch

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_json  # tests/patches/conftest.py (rootdir-relative import)
+from _patchtest import run_json
 
 BACKENDS = ["eager", "inductor"]
 

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from conftest import run_py
+from _patchtest import run_py
 
 import vllm_intel_patches as vip
 from vllm_intel_patches import _base, registry

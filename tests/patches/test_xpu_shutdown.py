@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_json
+from _patchtest import run_json
 
 SIMULATE = r"""
 import gc, json, logging, sys, types

@@ -204,3 +204,29 @@ def test_orphans_that_exit_are_reaped(run, tmp_path):
     r.wait_for(lambda: not orphan.exists())  # exited and reaped: not left a zombie
     r.signal(signal.SIGTERM)
     assert r.finish()[0] == 0
+
+
+def test_live_shared_memory_of_other_processes_is_never_removed(run, tmp_path):
+    """Segments and semaphores that some process still uses stay, whatever their age; glibc maps
+    a semaphore under a temporary name, so this needs the inode check."""
+    import subprocess
+    holder = subprocess.Popen([sys.executable, "-c", """
+import multiprocessing as mp, multiprocessing.shared_memory as sm, sys, time
+lock = mp.get_context("spawn").Lock()     # a named semaphore /dev/shm/sem.mp-*
+seg = sm.SharedMemory(create=True, size=4096)  # /dev/shm/psm_*
+print(lock._semlock.name, seg.name, flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, text=True)
+    try:
+        sem, seg = holder.stdout.readline().split()
+        sem_path = pathlib.Path("/dev/shm/sem." + sem.lstrip("/"))
+        seg_path = pathlib.Path("/dev/shm/" + seg.lstrip("/"))
+        assert sem_path.exists() and seg_path.exists()
+        r = run({"INTEL_VLLM_SHM_DIR": "/dev/shm"})
+        r.wait_for(lambda: r.state() == "SERVING")
+        r.signal(signal.SIGTERM)
+        assert r.finish()[0] == 0
+        assert sem_path.exists() and seg_path.exists()
+    finally:
+        holder.kill()
+        holder.wait()
