@@ -7,7 +7,7 @@ VENV          = $(shell scripts/vllm-venv.sh $(VLLM_VERSION))
 MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
-.PHONY: help setup model run patches test test-fast lint build-cpu build-xpu up down bench \
+.PHONY: help setup model run patches test test-fast soak lint build-cpu build-xpu up down bench \
         buildkite-local engine-start engine-stop clean
 
 help: ## List the public targets
@@ -31,6 +31,9 @@ test: setup ## Run every test: unit, real vLLM, static checks, real Docker image
 
 test-fast: setup ## Run the tests that need neither Docker nor a vllm serve
 	@$(VENV)/bin/python -m pytest -m "not docker and not slow" $(PYTEST_ARGS)
+
+soak: setup ## 20 stop/start cycles of the CPU container under traffic (CYCLES=20; ~15 min)
+	@$(VENV)/bin/python -m pytest -m soak tests/container/test_soak.py -s $(PYTEST_ARGS)
 
 lint: ## Static checks: hadolint, compose config + schema, yamllint, k8s and Buildkite schemas
 	@PATH="$(VENV)/bin:$$PATH" scripts/lint.sh
