@@ -58,8 +58,10 @@ XPU_MIN_DRAIN_S = 5
 TEARDOWN_S = 10
 MARGIN_S = 5
 KILL_GRACE_S = 3
+ORPHAN_GRACE_S = 2  # after the API server exits, before what is left of its group is SIGKILLed
 DEFAULT_PORT = 8000
 TICK_S = 0.5
+HEALTH_TIMEOUT_S = 2.0  # a loaded host can take over a second to answer /health while starting
 COUNT_POLL_S = 2.0  # /metrics while draining: often enough for the exit summary, not log spam
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -340,6 +342,9 @@ class Supervisor:
     def spawn(self, env: dict[str, str]) -> int | None:
         def child_setup() -> None:  # runs in the child between fork and exec
             signal.pthread_sigmask(signal.SIG_SETMASK, [])
+            # If the supervisor itself is SIGKILLed (outside a container nothing else would
+            # stop vLLM), the API server follows; its engine and workers watch their parent.
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
         try:
             self.child = subprocess.Popen(self.argv, env=env, start_new_session=True,
@@ -421,7 +426,7 @@ class Supervisor:
     def observe(self) -> None:
         """Readiness while starting; request counts while draining (for the exit log)."""
         if self.state == State.STARTING and self.stop_requested_at is None:
-            if http_get(self.port, "/health")[0] == 200:
+            if http_get(self.port, "/health", timeout=HEALTH_TIMEOUT_S)[0] == 200:
                 self.set_state(State.SERVING, f"ready after {time.monotonic() - self.started:.1f} s")
         elif self.state == State.DRAINING and time.monotonic() >= self.next_count_poll:
             self.next_count_poll = time.monotonic() + COUNT_POLL_S
@@ -453,17 +458,23 @@ class Supervisor:
 
     def finish(self) -> int:
         code = self.exit_code()
-        if self.group_alive():  # engine core / workers outliving the API server
+        # multiprocessing's resource tracker exits by itself right after the API server (and
+        # unlinks what vLLM leaked); anything still there after ORPHAN_GRACE_S is an orphan.
+        self.wait_group(0 if self.escalated else ORPHAN_GRACE_S)
+        if self.group_alive():
             log("vLLM's API server is gone but its engine or workers are not: killing the group")
             self.signal_group(signal.SIGKILL)
-        end = time.monotonic() + 5
-        while self.group_alive() and time.monotonic() < end:
-            self.reap_all()
-            time.sleep(0.05)
+            self.wait_group(5)
         self.reap_all()
         self.cleanup()
         log(self.summary(code))
         return code
+
+    def wait_group(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while self.group_alive() and time.monotonic() < end:
+            self.reap_all()
+            time.sleep(0.05)
 
     def reap_all(self) -> None:
         try:

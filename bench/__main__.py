@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 
-from .common import RESULTS, Row, cell, log, spread
+from .common import RAW, RESULTS, Row, cell, log, spread
 
 SECTIONS = ("image", "overhead", "idle", "patches", "drain")  # cheapest first: a partial run keeps the most
 
@@ -61,7 +61,8 @@ def table(rows: list[Row], info: dict, args) -> str:
 def save(path, rows, info, args, done, failed) -> None:
     data = {"machine": info, "args": vars(args), "sections_done": done, "sections_failed": failed,
             "rows": [dict(vars(r), ours_spread=spread(r.ours), alt_spread=spread(r.alt),
-                          ratio_spread=spread(r.ratio)) for r in rows]}
+                          ratio_spread=spread(r.ratio)) for r in rows],
+            "runs": RAW}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str))
 

@@ -26,6 +26,15 @@ def log(msg: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+RAW: list[dict] = []  # every measured run, as recorded: saved in the JSON next to the table
+
+
+def record(what: str, out: dict) -> dict:
+    RAW.append({"what": what, **out})
+    log(f"{what}: {out}")
+    return out
+
+
 _PYTHONS: dict[str, str] = {}
 
 
@@ -54,6 +63,11 @@ def start(kind: str, flags: list[str], *, version: str = DEFAULT_VLLM, env: dict
     if kind == "ours":
         argv = [python, str(ROOT / "entrypoint.py"), "serve", str(MODEL)]
     else:
+        # entrypoint.py keeps inductor's compiled kernels across runs in this directory; without
+        # it a bare vLLM compiles them into the fresh TMPDIR each time: give it the same cache so
+        # that only the supervisor differs.
+        cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "vllm-intel" / "torchinductor"))
         vllm = pathlib.Path(python).parent / "vllm"
         argv = ([str(vllm)] if vllm.exists() else [python, "-m", "vllm.entrypoints.cli.main"]) + \
             ["serve", str(MODEL)]

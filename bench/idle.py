@@ -20,7 +20,7 @@ import requests
 
 from tools.serving import free_port
 
-from .common import RESULTS, Row, launch, log, pair_ratios, stop
+from .common import RESULTS, Row, launch, pair_ratios, record, stop
 from .dockerutil import IMAGE, docker, engine
 
 MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
@@ -63,7 +63,7 @@ def container(kind: str, label: str) -> dict:
                       text.stdout + text.stderr)
         out = {"kind": kind, "ready_s": round(t_ready, 1), "stop_s": round(took, 2),
                "exit_code": code, "vllm_exit_s": float(m.group(1)) if m else None}
-        log(f"idle docker stop: {out}")
+        record("idle docker stop", out)
         return out
     finally:
         logs = docker("logs", name, check=False)
@@ -80,7 +80,7 @@ def local(label: str) -> dict:
         code = s.wait(60)
         out = {"stop_s": round(time.monotonic() - t, 2) if code is not None else "hung",
                "exit_code": code}
-        log(f"idle local: {out}")
+        record("idle local", out)
         return out
     finally:
         stop(s)

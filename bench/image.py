@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import time
 
-from .common import RESULTS, ROOT, Row, log
+from .common import RESULTS, ROOT, Row, log, record
 from .dockerutil import IMAGE, docker, engine
 
 # What the runtime target reads from the context (Dockerfile.cpu's COPY and bind mounts).
@@ -73,7 +73,7 @@ def run(repeat: int, quick: bool) -> list[Row]:
     du = docker("run", "--rm", "--entrypoint", "du", IMAGE, "-sb", "/opt/venv", timeout=300)
     venv = int(du.stdout.split()[0])
     hist = docker("history", "--no-trunc", "--format", "{{.Size}}\t{{.CreatedBy}}", IMAGE).stdout
-    big = [f"{size_s} {created.split('/bin/sh -c ')[-1][:60].strip()}"
+    big = [f"{size_s} {created.split('/bin/sh -c ')[-1][:60].strip() or '(base image)'}"
            for size_s, created in (l.split("\t", 1) for l in hist.splitlines() if "\t" in l)
            if size_s.endswith("GB") or (size_s.endswith("MB") and float(size_s[:-2]) >= 10)]
     rows = [Row("image", "image size vs /opt/venv size", "GB", [size / 1e9], [venv / 1e9],
@@ -81,7 +81,9 @@ def run(repeat: int, quick: bool) -> list[Row]:
                 note=f"{IMAGE}: image {size} B, du -sb /opt/venv {venv} B; layers >= 10 MB: "
                      + "; ".join(big))]
     ctx = copy_context()
-    changed, floor, ran_changed, ran_floor = [], [], [], []
+    changed = {"entrypoint": [], "patches": []}
+    floor = {"entrypoint": [], "patches": []}
+    ran_changed, ran_floor = {}, []
     try:
         try:
             first, ran = build(ctx, CACHED_LIMIT_S)
@@ -92,23 +94,27 @@ def run(repeat: int, quick: bool) -> list[Row]:
                             f"cache (> {CACHED_LIMIT_S} s): it would rebuild vLLM"))
             return rows
         for rep in range(repeat):
-            with open(ctx / "entrypoint.py", "a") as f:
-                f.write(f"# bench rebuild {time.time()} {rep}\n")
-            took, ran_changed = build(ctx, 1200)
-            changed.append(took)
-            last = docker("run", "--rm", "--entrypoint", "tail", TAG, "-n1",
-                          "/opt/vllm-intel/entrypoint.py").stdout.strip()
-            if f"bench rebuild" not in last or f" {rep}" not in last:
-                raise RuntimeError(f"the rebuilt image does not hold the change: {last!r}")
-            took, ran_floor = build(ctx, 600)
-            floor.append(took)
-            log(f"rebuild: code change {changed[-1]:.1f} s, no change {floor[-1]:.1f} s")
+            for key, path in (("entrypoint", "entrypoint.py"), ("patches", "patches/__init__.py")):
+                with open(ctx / path, "a") as f:
+                    f.write(f"# bench rebuild {time.time()} {rep}\n")
+                took, ran = build(ctx, 1200)
+                changed[key].append(took)
+                ran_changed[key] = ran
+                inside = "/opt/vllm-intel/entrypoint.py" if key == "entrypoint" else \
+                    "/opt/venv/lib/python3.11/site-packages/vllm_intel_patches/__init__.py"
+                last = docker("run", "--rm", "--entrypoint", "tail", TAG, "-n1", inside).stdout
+                if "bench rebuild" not in last or f" {rep}" not in last:
+                    raise RuntimeError(f"the rebuilt image does not hold the change: {last!r}")
+                took, ran_floor = build(ctx, 600)
+                floor[key].append(took)
+                record("rebuild", {"changed": path, "code_change_s": changed[key][-1],
+                                   "no_change_s": floor[key][-1], "steps_run": ran})
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
         docker("rmi", TAG, check=False)
-    rows.append(Row("image", "rebuild after a code-only change (entrypoint.py)", "s", changed,
-                    floor, [], "", None, fmt="{:.1f}",
-                    note="alternative column = the same build again with nothing changed; steps "
-                         f"run after the change: {ran_changed if changed else '-'}; with no change: "
-                         f"{ran_floor if floor else '-'}"))
+    for key, what in (("entrypoint", "entrypoint.py"), ("patches", "the plugin, patches/")):
+        rows.append(Row("image", f"rebuild after a code-only change ({what})", "s", changed[key],
+                        floor[key], [], "", None, fmt="{:.1f}",
+                        note="alternative column = the same build again with nothing changed; "
+                             f"steps run after the change: {ran_changed.get(key, '-')}"))
     return rows

@@ -7,7 +7,7 @@ import signal
 import time
 from statistics import median
 
-from .common import Row, launch, log, pair_ratios, rss_kb, stop, tree_rss_kb
+from .common import Row, launch, pair_ratios, record, rss_kb, stop, tree_rss_kb
 
 SETTLE_S = 3  # after /health answers, before reading RSS: both variants alike
 
@@ -22,7 +22,7 @@ def one(kind: str, label: str) -> dict:
         code = s.wait(30)
         out["idle_stop_s"] = round(time.monotonic() - t, 2) if code is not None else "hung"
         out["exit_code"] = code
-        log(f"overhead {kind}: {out}")
+        record(f"overhead {kind}", out)
         return out
     finally:
         stop(s)

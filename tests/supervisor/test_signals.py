@@ -230,3 +230,16 @@ time.sleep(60)
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_vllm_does_not_outlive_a_killed_supervisor(run):
+    import json
+    r = run()
+    r.wait_for(lambda: r.state() == "SERVING")
+    child = json.loads((r.tmp / "state.json").read_text())["child"]
+    r.signal(signal.SIGKILL)
+    r.proc.wait()
+    end = time.monotonic() + 5
+    while pathlib.Path(f"/proc/{child}").exists() and time.monotonic() < end:
+        time.sleep(0.05)
+    assert not pathlib.Path(f"/proc/{child}").exists()
