@@ -252,13 +252,14 @@ def remove_stale(shm_dir: pathlib.Path, tmp_dir: pathlib.Path, only: set[str] | 
     """Remove vLLM shm segments and run directories that no live process uses.
 
     `only` limits the shm candidates (at exit: the segments created during this run)."""
+    # List first, then look at what is in use: a segment or semaphore is mapped (or open) before
+    # its name appears, so one created between the two steps is never taken for stale.
+    candidates = [entry for entry in (sorted(shm_dir.iterdir()) if shm_dir.is_dir() else [])
+                  if (only is None or entry.name in only)
+                  and any(p.match(entry.name) for p in SHM_PATTERNS)]
     in_use = _files_in_use()
     removed = []
-    for entry in sorted(shm_dir.iterdir()) if shm_dir.is_dir() else []:
-        if only is not None and entry.name not in only:
-            continue
-        if not any(p.match(entry.name) for p in SHM_PATTERNS):
-            continue
+    for entry in candidates:
         try:
             st = entry.stat()
             if (st.st_dev, st.st_ino) not in in_use:
