@@ -62,7 +62,7 @@ ORPHAN_GRACE_S = 2  # after the API server exits, before what is left of its gro
 DEFAULT_PORT = 8000
 TICK_S = 0.5
 HEALTH_TIMEOUT_S = 2.0  # a loaded host can take over a second to answer /health while starting
-COUNT_POLL_S = 2.0  # /metrics while draining: often enough for the exit summary, not log spam
+COUNT_POLL_S = TICK_S  # /metrics while draining: the last sample must follow the last stream
 
 HERE = pathlib.Path(__file__).resolve().parent
 BUILTIN_MODELS = (
@@ -506,8 +506,10 @@ class Supervisor:
             last = self.last_counts or self.counts_at_drain
             finished = int(last["finished"] - self.counts_at_drain["finished"])
             aborted = int(last["aborted"] - self.counts_at_drain["aborted"])
-            counts = (f"; {inflight} in flight at SIGTERM, {finished} finished, {aborted} aborted "
-                      "(as last seen in /metrics)")
+            running = int(last["running"] + last["waiting"])
+            counts = (f"; {inflight} in flight at SIGTERM, {finished} finished, {aborted} aborted"
+                      + (f", {running} still running" if running else "")
+                      + " (as last seen in /metrics)")
         return f"exit {code}: vLLM {how} {took:.1f} s after the stop request{counts}"
 
     def cleanup(self) -> None:
