@@ -106,3 +106,17 @@ def module_source(modname: str) -> str | None:
         return None
     with open(spec.origin, encoding="utf-8") as fh:
         return fh.read()
+
+
+def code_source(modname: str, qualname: str) -> str | None:
+    """Source of an installed function, e.g. ("vllm.v1.engine.core", "EngineCoreProc.run_engine_core");
+    None when the module or the attribute does not exist (a release without that code)."""
+    import importlib
+    import inspect
+    try:
+        obj = importlib.import_module(modname)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+        return inspect.getsource(obj)
+    except (ImportError, AttributeError, OSError, TypeError):
+        return None

@@ -26,13 +26,12 @@ What goes wrong upstream, and what this changes:
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
 import threading
 import time
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
 
 log = logging.getLogger("vllm.vllm_intel_patches")
 
@@ -70,14 +69,9 @@ class DrainDeadline(Patch):
     name = "drain-deadline"
 
     def check(self) -> tuple[str, str]:
-        try:
-            from vllm.v1.engine.core import EngineCoreProc
-        except ImportError as exc:
-            return NOT_APPLICABLE, f"no vLLM v1 engine ({exc})"
-        handler = getattr(EngineCoreProc, "_handle_shutdown", None)
-        if handler is None:
+        src = code_source("vllm.v1.engine.core", "EngineCoreProc._handle_shutdown")
+        if src is None:
             return NOT_APPLICABLE, "this vLLM has no drain mode (no EngineCoreProc._handle_shutdown)"
-        src = inspect.getsource(handler)
         if "shutdown_timeout" not in src or "FINISHED_ABORTED" not in src:
             return NOT_APPLICABLE, "EngineCoreProc._handle_shutdown has an unknown shape"
         if "monotonic" in src or "deadline" in src:

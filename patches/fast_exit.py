@@ -19,20 +19,17 @@ from __future__ import annotations
 
 import atexit
 import gc
-import inspect
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
 
 
 class FastExit(Patch):
     name = "fast-exit"
 
     def check(self) -> tuple[str, str]:
-        try:
-            from vllm.v1.engine.core import EngineCoreProc
-        except ImportError as exc:
-            return NOT_APPLICABLE, f"no vLLM v1 engine ({exc})"
-        src = inspect.getsource(EngineCoreProc.run_engine_core)
+        src = code_source("vllm.v1.engine.core", "EngineCoreProc.run_engine_core")
+        if src is None:
+            return NOT_APPLICABLE, "no vLLM v1 engine core (EngineCoreProc.run_engine_core)"
         if "gc.freeze()" in src and "is_rocm()" not in src:
             return UPSTREAM, "run_engine_core already freezes the heap before exit"
         return NEEDED, "final GC scan at exit costs seconds (upstream skips it on ROCm only)"
