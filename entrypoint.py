@@ -248,6 +248,13 @@ def _files_in_use() -> set[tuple[int, int]]:
     return used
 
 
+def process_identity(pid: int) -> str:
+    """"PID STARTTIME": tells a live process from a later one that reuses its pid (in a restarted
+    container the supervisor is PID 1 every time)."""
+    stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+    return f"{pid} {stat.rsplit(')', 1)[1].split()[19]}"
+
+
 def remove_stale(shm_dir: pathlib.Path, tmp_dir: pathlib.Path, only: set[str] | None = None) -> list[str]:
     """Remove vLLM shm segments and run directories that no live process uses.
 
@@ -269,8 +276,9 @@ def remove_stale(shm_dir: pathlib.Path, tmp_dir: pathlib.Path, only: set[str] | 
             pass
     for run_dir in sorted(tmp_dir.glob(RUN_DIR_PREFIX + "*")) if only is None else []:
         try:
-            os.kill(int((run_dir / "supervisor.pid").read_text()), 0)
-            continue  # its supervisor is alive
+            pid_s, _, started = (run_dir / "supervisor.pid").read_text().partition(" ")
+            if process_identity(int(pid_s)) == f"{pid_s} {started}":
+                continue  # its supervisor is alive (same pid *and* start time: not a reused pid)
         except (OSError, ValueError):
             pass  # no such process, or no readable pid: stale
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -306,7 +314,7 @@ class Supervisor:
         if stale:
             log(f"removed {len(stale)} stale leftover(s) of an earlier run: {' '.join(stale)}")
         self.run_dir = pathlib.Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=tmp))
-        (self.run_dir / "supervisor.pid").write_text(str(os.getpid()))
+        (self.run_dir / "supervisor.pid").write_text(process_identity(os.getpid()))
         self.shm_before = set(os.listdir(self.shm_dir)) if self.shm_dir.is_dir() else set()
         env = dict(os.environ)
         # vLLM's sockets, inductor's scratch files and vllm_dist_* files land here and go with it.

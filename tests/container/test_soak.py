@@ -61,7 +61,10 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project):
             crashes_recovered += 1
         seen.append(usage(cid))
         streams = Streams(c.url, model, n=4, max_tokens=3000, timeout=120)
-        wait_until_tokens_flow(c.url, running=4)
+        try:
+            wait_until_tokens_flow(c.url, running=4, timeout=90)
+        except TimeoutError:
+            raise AssertionError(f"cycle {cycle}: streams never ran: {streams.join()}\n{c.logs()}")
         if cycle == CRASH_AT:
             docker("kill", "-s", "KILL", cid)
             streams.join()

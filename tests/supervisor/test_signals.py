@@ -132,7 +132,8 @@ def test_nothing_is_left_behind_and_stale_leftovers_are_removed(run, tmp_path):
     (shm / "unrelated").write_bytes(b"x")  # not vLLM's: never touched
     stale_run = tmp_path / "vllm-intel-run-old"
     stale_run.mkdir()
-    (stale_run / "supervisor.pid").write_text("999999")
+    # its pid is alive again (as PID 1 is in a restarted container) but that is another process
+    (stale_run / "supervisor.pid").write_text(f"{os.getpid()} 1")
     r = run()
     r.wait_for(lambda: r.state() == "SERVING")
     run_dirs = list(tmp_path.glob("vllm-intel-run-*"))
