@@ -32,7 +32,7 @@ test: setup ## Run every test: unit, real vLLM, static checks, real Docker image
 test-fast: setup ## Run the tests that need neither Docker nor a vllm serve
 	@$(VENV)/bin/python -m pytest -m "not docker and not slow" $(PYTEST_ARGS)
 
-soak: setup ## 20 stop/start cycles of the CPU container under traffic (CYCLES=20; ~15 min)
+soak: setup ## 20 stop/start cycles of the CPU container under traffic (CYCLES=20; ~25 min)
 	@$(VENV)/bin/python -m pytest -m soak tests/container/test_soak.py -s $(PYTEST_ARGS)
 
 lint: ## Static checks: hadolint, compose config + schema, yamllint, k8s and Buildkite schemas

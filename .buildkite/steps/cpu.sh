@@ -7,6 +7,7 @@
 #      kubelet-style termination of the Kubernetes manifest
 # Environment: VLLM_VERSION, WHEELS_DIR, CA_BUNDLE (as scripts/build-image.sh); PYTEST_ARGS for 4
 # (default: the Docker tests only; 2 runs the rest); SKIP_IN_IMAGE_TESTS=1 skips 2.
+# shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 setup_step
 

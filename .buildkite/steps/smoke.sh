@@ -3,6 +3,7 @@
 # `docker stop` (must drain and exit 0 within the grace period), then start the SAME container
 # again (same device, same /dev/shm) and do it all a second time. Every wait has a deadline: a
 # hang fails the step instead of eating the job's timeout. Called by cpu.sh and xpu.sh.
+# shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 use_engine
 image=${1:?usage: smoke.sh IMAGE [docker run args...]}; shift

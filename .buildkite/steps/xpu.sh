@@ -4,6 +4,7 @@
 # same container on the same device (a worker that does not release its Level Zero context makes
 # the second start hang or fail), request, stop. Build and run on one agent: no registry needed.
 # Environment: as scripts/build-image.sh; ZE_AFFINITY_MASK picks the GPU (default: all).
+# shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 setup_step
 

@@ -67,9 +67,10 @@ class Compose:
 
     service = "vllm-cpu"
 
-    def __init__(self, image: str, name: str, drain: int = 30):
+    def __init__(self, image: str, name: str, drain: int = 30, overrides: tuple[str, ...] = ()):
         self.port = free_port()
         self.name = name
+        self.overrides = overrides  # extra compose files layered on compose.yaml
         # Process env overrides .env; an empty --env-file keeps a developer's .env out of tests.
         self.env = dict(os.environ, COMPOSE_PROJECT_NAME=name, INTEL_VLLM_CPU_IMAGE=image,
                         INTEL_VLLM_PORT=str(self.port), INTEL_VLLM_DRAIN_TIMEOUT=str(drain),
@@ -80,8 +81,9 @@ class Compose:
         self.url = f"http://127.0.0.1:{self.port}"
 
     def __call__(self, *args: str, timeout: float = 600, check: bool = True):
+        files = [arg for path in self.overrides for arg in ("-f", path)]
         return run(["bash", str(ROOT / "scripts" / "compose.sh"), "--env-file", str(self.env_file),
-                    *args], env=self.env, timeout=timeout, check=check)
+                    *files, *args], env=self.env, timeout=timeout, check=check)
 
     def container(self) -> str:
         return self("ps", "-a", "-q", self.service).stdout.strip()
@@ -107,8 +109,8 @@ def compose_project(request, docker_host):
     """Factory for Compose projects; `down -v` for each at module end, whatever happened."""
     made: list[Compose] = []
 
-    def make(image: str, drain: int = 30) -> Compose:
-        c = Compose(image, f"vllm-intel-test-{os.getpid()}-{len(made)}", drain)
+    def make(image: str, drain: int = 30, overrides: tuple[str, ...] = ()) -> Compose:
+        c = Compose(image, f"vllm-intel-test-{os.getpid()}-{len(made)}", drain, overrides)
         made.append(c)
         return c
 

@@ -3,20 +3,28 @@
 Not part of `make test` (about 20 x 40 s): run it with `make soak` (CYCLES=20 by default).
 Every start must become healthy, every stop must drain the streams in flight and exit 0, and
 /dev/shm, /tmp and the open files of PID 1 must not grow from one cycle to the next. Once, the
-container is SIGKILLed mid-stream (a crash): the next start must find the dead run's leftovers in
-/tmp, say so and remove them, and serve.
+container is SIGKILLed mid-stream (a crash): the next start must find the dead run's leftovers,
+say so and remove them, and serve.
+
+/dev/shm is a host tmpfs directory bind-mounted into the container, as Kubernetes does with the
+`emptyDir: {medium: Memory}` of deploy/k8s: it outlives a container restart, so a crashed run's
+psm_* segments are still there at the next start (vllm#54002: the CrashLoopBackOff). Docker's own
+`shm_size` mount is new at every start and would hide that case.
 """
 
 from __future__ import annotations
 
 import os
+import pathlib
+import shutil
+import tempfile
 import time
 
 import pytest
 
 from tools.serving import Streams, wait_until_tokens_flow
 
-from .conftest import DEFAULT_VLLM, docker
+from .conftest import DEFAULT_VLLM, ROOT, docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.soak]
 
@@ -44,12 +52,35 @@ def wait_healthy(c, timeout: float = 600) -> float:
     raise AssertionError(f"not healthy after {timeout} s:\n{c.logs()}")
 
 
-def test_stop_start_cycles_under_traffic(cpu_image, compose_project):
-    c = compose_project(cpu_image(DEFAULT_VLLM))
+@pytest.fixture
+def persistent_shm():
+    """A host tmpfs directory for /dev/shm (an emptyDir of medium Memory) and the compose file
+    that mounts it; yields (directory, compose file)."""
+    host_shm = pathlib.Path(tempfile.mkdtemp(prefix="vllm-intel-soak-shm-",
+                                             dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    host_shm.chmod(0o1777)  # like an emptyDir: the image's non-root user writes here
+    override = ROOT / "build" / f"{host_shm.name}.compose.yaml"
+    override.parent.mkdir(exist_ok=True)
+    override.write_text("services:\n  vllm-cpu:\n    volumes:\n"
+                        f"      - {{type: bind, source: {host_shm}, target: /dev/shm}}\n")
+    yield host_shm, str(override)
+    override.unlink(missing_ok=True)
+    shutil.rmtree(host_shm, ignore_errors=True)
+
+
+def segments(host_shm: pathlib.Path) -> tuple[int, int]:
+    files = [f for f in host_shm.iterdir() if f.is_file()]
+    return len(files), sum(f.stat().st_size for f in files)
+
+
+def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_shm):
+    host_shm, override = persistent_shm
+    c = compose_project(cpu_image(DEFAULT_VLLM), overrides=(override,))
     c("up", "-d", "--wait", timeout=900)
     cid = c.container()
     model = c.served_model()
-    seen, crashes_recovered = [], 0
+    seen, crashes_recovered, drained, streams_done = [], 0, 0, 0
+    left_by_crash, left_by_crash_names = (0, 0), []
     for cycle in range(CYCLES):
         if cycle:
             docker("start", cid)
@@ -57,7 +88,13 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project):
             print(f"cycle {cycle}: healthy after {took:.0f} s")
         if cycle == CRASH_AT + 1:
             log = docker("logs", "--since", "5m", cid)
-            assert "stale leftover" in log.stdout + log.stderr, c.logs()
+            lines = [line for line in (log.stdout + log.stderr).splitlines() if "stale leftover" in line]
+            assert lines, c.logs()
+            print(f"cycle {cycle}: {lines[-1][:300]}")
+            # Every segment the crash left on the volume was found and removed.
+            for name in left_by_crash_names:
+                assert f"/dev/shm/{name}" in lines[-1], (name, lines[-1])
+                assert not (host_shm / name).exists(), name
             crashes_recovered += 1
         seen.append(usage(cid))
         streams = Streams(c.url, model, n=4, max_tokens=3000, timeout=120)
@@ -68,13 +105,25 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project):
         if cycle == CRASH_AT:
             docker("kill", "-s", "KILL", cid)
             streams.join()
+            left_by_crash = segments(host_shm)
+            left_by_crash_names = sorted(f.name for f in host_shm.iterdir())
+            print(f"cycle {cycle}: SIGKILL left {left_by_crash[0]} file(s), "
+                  f"{left_by_crash[1] / 2**20:.0f} MiB in /dev/shm: {left_by_crash_names}")
+            assert left_by_crash[0] > 0, "the crash left nothing behind: the case is not exercised"
             continue
         docker("stop", "-t", "45", cid, timeout=120)
         results = streams.join()
         state = c.inspect()["State"]
         assert state["ExitCode"] == 0, c.logs()
         assert all(r.done and r.finish_reason == "length" for r in results), results
+        # A drained stop cleans up after itself: nothing of the run stays on the volume.
+        assert segments(host_shm) == (0, 0), sorted(f.name for f in host_shm.iterdir())
+        drained += 1
+        streams_done += len(results)
     print("usage per cycle:", seen)
+    print(f"summary: {CYCLES} cycles, {drained} drained stops ({streams_done} streams, all [DONE]), "
+          f"1 SIGKILL, {left_by_crash[0]} leftover file(s) ({left_by_crash[1] / 2**20:.0f} MiB) "
+          f"found and removed at the next start")
     assert crashes_recovered == 1
     # Nothing accumulates: the last cycle uses no more than the second one (the first one warms up).
     for key in ("shm_bytes", "tmp_entries", "pid1_fds"):

@@ -51,6 +51,10 @@ def test_step_commands_are_scripts_or_make_targets():
         queues[cmd] = step["agents"]["queue"]
     assert queues[".buildkite/steps/cpu.sh"] == "intel-cpu"
     assert queues[".buildkite/steps/xpu.sh"] == "intel-gpu"
+    # The soak runs nightly (scheduled builds), not on every push.
+    soak = next(s for s in steps() if s["command"] == ".buildkite/steps/soak.sh")
+    assert soak["agents"]["queue"] == "intel-cpu" and "schedule" in soak["if"]
+    assert re.search(r"^\s*network_retryable make soak\b", (STEPS / "soak.sh").read_text(), re.M)
     # `make buildkite-local` runs exactly the CPU step.
     assert re.search(r"^buildkite-local:.*\n\t@?\.buildkite/steps/cpu\.sh$", makefile, re.M)
 
