@@ -56,10 +56,11 @@ def test_entry_point_is_registered():
 def test_registry_lists_our_modules_with_docstrings():
     names = [p.name for p in registry.all_patches()]
     assert set(MINE) <= set(names) and len(names) == len(set(names))
-    for mod in ("cpu_accelerator_api", "cpu_accelerator_noops", "xpu_shutdown"):
+    for mod in registry.PATCH_MODULES:
         doc = importlib.import_module(f"vllm_intel_patches.{mod}").__doc__
-        for word in ("Target:", "Upstream:", "Releases:", "Changes"):
-            assert word in doc, (mod, word)
+        # Every patch names its target, the upstream fix (or that there is none), the releases.
+        for word in ("target", "upstream:", "release"):
+            assert word in doc.lower(), (mod, word)
 
 
 def test_apply_is_idempotent_and_revert_restores(fakes):
