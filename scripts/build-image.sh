@@ -8,8 +8,9 @@
 #   TARGET           Dockerfile stage (default: runtime; `test` adds the tests)
 #   TAG              image tag (default: vllm-intel:<acc>-<version>, plus vllm-intel:<acc> for
 #                    the default release; with TARGET=test: vllm-intel:<acc>-<version>-test)
-#   WHEELS_DIR       directory of local wheels copied into docker/wheels (CI: /opt/wheels, which
-#                    holds the torch CPU wheel); TORCH_INDEX_URL then defaults to "" (no index)
+#   WHEELS_DIR       directory of local wheels copied into docker/wheels; default /opt/wheels when
+#                    it exists (these CI machines keep the torch CPU wheel there: the PyTorch
+#                    index is unreachable), "" for none; TORCH_INDEX_URL then defaults to "" (no index)
 #   TORCH_INDEX_URL  override the Dockerfile's torch index ("" = PyPI + docker/wheels only)
 #   CA_BUNDLE        PEM file pip trusts during the build (BuildKit secret, never in the image);
 #                    default: $PIP_CERT, else the host's /etc/ssl/certs/ca-certificates.crt;
@@ -49,6 +50,7 @@ vcs_ref=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
 args+=(--build-arg "PATCHES_VERSION=$patches_version" --build-arg "VCS_REF=$vcs_ref")
 
 # Local wheels: offered to pip through the docker/wheels bind mount.
+if [ -z "${WHEELS_DIR+set}" ] && [ -d /opt/wheels ]; then WHEELS_DIR=/opt/wheels; fi
 if [ -n "${WHEELS_DIR:-}" ]; then
   shopt -s nullglob
   whls=("$WHEELS_DIR"/*.whl)

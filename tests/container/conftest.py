@@ -43,8 +43,6 @@ def docker_host() -> str:
 @functools.lru_cache(maxsize=None)
 def _build(accelerator: str, version: str, target: str = "runtime") -> str:
     env = dict(os.environ, VLLM_VERSION=version, TARGET=target)
-    if "WHEELS_DIR" not in env and pathlib.Path("/opt/wheels").is_dir():
-        env["WHEELS_DIR"] = "/opt/wheels"  # these machines: the PyTorch CPU index is unreachable
     t0 = time.monotonic()
     out = subprocess.run(["bash", str(ROOT / "scripts" / "build-image.sh"), accelerator],
                          env=env, capture_output=True, text=True, timeout=2400)
