@@ -1,6 +1,6 @@
 """Stop/start cycles of one container with the same volumes, each stop during traffic (issue 7).
 
-Not part of `make test` (about 20 x 40 s): run it with `make soak` (CYCLES=20 by default).
+Not part of `make test` (about 20 x 65 s): run it with `make soak` (CYCLES=20 by default).
 Every start must become healthy, every stop must drain the streams in flight and exit 0, and
 /dev/shm, /tmp and the open files of PID 1 must not grow from one cycle to the next. Once, the
 container is SIGKILLed mid-stream (a crash): the next start must find the dead run's leftovers,
