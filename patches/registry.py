@@ -17,7 +17,6 @@ PATCH_MODULES = [
     "xpu_shutdown",           # issue 2: vLLM PR #46433, graceful XPU shutdown (< 0.25)
     "drain_deadline",         # issue 3: a drain ends with a final event per request, never a stall
     "fast_exit",              # issue 3: no multi-second final GC scan after vLLM's teardown
-    "cpu_teardown_gc",        # no full-heap gc.collect() in a CPU engine core / worker's exit
 ]
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"
