@@ -58,6 +58,16 @@ class Traffic:
     def stop(self) -> None:
         self._stop.set()
 
+    def one_more(self, url: str, model: str, timeout: float) -> None:
+        """One request arriving just before SIGTERM (endpoint removal is not instant): so a stream
+        is in flight at SIGTERM even when the earlier ones all ended during a slow preStop."""
+        def once():
+            r = stream_completion(url, model, STREAM_TOKENS, timeout)
+            with self._lock:
+                self.results.append(r)
+        self._threads.append(threading.Thread(target=once))
+        self._threads[-1].start()
+
     def join(self, timeout: float) -> list[StreamResult]:
         end = time.monotonic() + timeout
         for t in self._threads:
@@ -140,6 +150,8 @@ def test_kubelet_termination_drains_streams(pod):
     assert rc == 0 and prestop_took >= prestop_seconds(c) - 0.5, (rc, prestop_took)
     traffic.stop()
     time.sleep(SETTLE_S)
+    traffic.one_more(url, model, timeout=grace + 60)
+    wait_until_tokens_flow(url, running=1, timeout=30)
     t_term = time.monotonic()
     docker("kill", "-s", "TERM", cid)
 
