@@ -49,11 +49,14 @@ class Traffic:
         for t in self._threads:
             t.start()
 
+    def _stream(self, url: str, model: str, timeout: float) -> None:
+        r = stream_completion(url, model, STREAM_TOKENS, timeout)
+        with self._lock:
+            self.results.append(r)
+
     def _client(self, url: str, model: str, timeout: float) -> None:
         while not self._stop.is_set():
-            r = stream_completion(url, model, STREAM_TOKENS, timeout)
-            with self._lock:
-                self.results.append(r)
+            self._stream(url, model, timeout)
 
     def stop(self) -> None:
         self._stop.set()
@@ -61,11 +64,7 @@ class Traffic:
     def one_more(self, url: str, model: str, timeout: float) -> None:
         """One request arriving just before SIGTERM (endpoint removal is not instant): so a stream
         is in flight at SIGTERM even when the earlier ones all ended during a slow preStop."""
-        def once():
-            r = stream_completion(url, model, STREAM_TOKENS, timeout)
-            with self._lock:
-                self.results.append(r)
-        self._threads.append(threading.Thread(target=once))
+        self._threads.append(threading.Thread(target=self._stream, args=(url, model, timeout)))
         self._threads[-1].start()
 
     def join(self, timeout: float) -> list[StreamResult]:
