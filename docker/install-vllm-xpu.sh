@@ -1,36 +1,44 @@
-#!/bin/sh
-# Create /opt/venv with vLLM built for Intel GPUs (VLLM_TARGET_DEVICE=xpu) from the release's
-# source, with the XPU torch that release's requirements/xpu.txt pins. PyPI has no XPU build of
-# vLLM (the `vllm` wheel is CUDA), so every XPU image builds vLLM from source, as upstream does.
+#!/bin/bash
+# Source route of Dockerfile.xpu, `source` stage: /opt/venv with vLLM built for Intel GPUs from the
+# release's PyPI sdist, the way upstream's docker/Dockerfile.xpu does it for that release (recipe:
+# docker/xpu-releases.toml, passed by scripts/build-image.sh as build args):
+#   requirements/xpu.txt of the sdist itself (torch from PyTorch's XPU index, vllm_xpu_kernels,
+#   Triton for XPU), upstream's Triton reinstall and oneCCL installer where it has them, vLLM with
+#   VLLM_TARGET_DEVICE=xpu (no extensions to compile: kernels come from vllm_xpu_kernels), then
+#   upstream's oneAPI runtime wheel pins. vLLM's Rust frontend is not built: it is optional
+#   (setup.py requires it only with VLLM_REQUIRE_RUST_FRONTEND) and the Python server serves.
 #
-# Env (from Dockerfile.xpu's ARGs): VLLM_VERSION, VLLM_SOURCE_URL, TORCH_VERSION (checked, so the
-# label cannot lie), TORCH_INDEX_URL, IPEX_VERSION / ONECCL_BIND_PT_VERSION / IPEX_INDEX_URL
-# (empty = not installed), WHEELS (optional local wheels).
-set -eu
-: "${VLLM_VERSION:?}" "${VLLM_SOURCE_URL:?}" "${TORCH_VERSION:?}"
-python3 -m venv /opt/venv
-pip="/opt/venv/bin/pip"
-py="/opt/venv/bin/python"
-set --
-if [ -n "${TORCH_INDEX_URL:-}" ]; then set -- "$@" --extra-index-url "$TORCH_INDEX_URL"; fi
-if ls "${WHEELS:-/nonexistent}"/*.whl >/dev/null 2>&1; then set -- "$@" --find-links "$WHEELS"; fi
-"$pip" install -q --upgrade pip
+# Env: VLLM_VERSION, VLLM_SDIST_SHA256, PYTHON_VERSION, TORCH_INDEX_URL, XPU_TRITON,
+#      XPU_TRITON_REINSTALL, XPU_ONECCL_INSTALLER, XPU_ONEAPI_PIP; SDIST_DIR (the sdist's folder).
+set -euo pipefail
+msg="build the XPU image with scripts/build-image.sh xpu (it fetches the sdist and passes the recipe)"
+: "${VLLM_VERSION:?$msg}" "${VLLM_SDIST_SHA256:?$msg}" "${PYTHON_VERSION:?$msg}"
+sdist="${SDIST_DIR:?}/vllm-$VLLM_VERSION.tar.gz"
+[ -f "$sdist" ] || { echo "install-vllm-xpu: no $sdist: $msg" >&2; exit 1; }
+echo "$VLLM_SDIST_SHA256  $sdist" | sha256sum -c -
 
+"python$PYTHON_VERSION" -m venv /opt/venv
+pip=/opt/venv/bin/pip
+"$pip" install -q --upgrade pip
 src=$(mktemp -d)
-url=$(echo "$VLLM_SOURCE_URL" | sed "s/{VLLM_VERSION}/$VLLM_VERSION/g")
-"$py" -c 'import sys, urllib.request; urllib.request.urlretrieve(sys.argv[1], sys.argv[2])' "$url" "$src/vllm.tar.gz"
-tar -xzf "$src/vllm.tar.gz" -C "$src" --strip-components=1
-cd "$src"
-"$pip" install -q "$@" -r requirements/xpu.txt
-if [ -n "${IPEX_VERSION:-}" ]; then
-  "$pip" install -q "$@" --extra-index-url "${IPEX_INDEX_URL:?}" \
-    "intel-extension-for-pytorch==$IPEX_VERSION" "oneccl_bind_pt==${ONECCL_BIND_PT_VERSION:?}"
+tar -xzf "$sdist" -C "$src" --strip-components=1
+set --
+if [ -n "${TORCH_INDEX_URL:-}" ]; then set -- --extra-index-url "$TORCH_INDEX_URL"; fi
+"$pip" install -q "$@" -r "$src/requirements/xpu.txt"
+if [ "${XPU_TRITON_REINSTALL:-0}" = 1 ]; then
+  "$pip" uninstall -q -y triton triton-xpu || true
+  "$pip" install -q "$@" "${XPU_TRITON:?}"
 fi
-VLLM_TARGET_DEVICE=xpu "$pip" install -q --no-build-isolation --no-deps .
-cd /
+if [ -n "${XPU_ONECCL_INSTALLER:-}" ]; then
+  # Upstream replaces pip's oneCCL by this release's installer and points ccl/latest at it.
+  "$pip" uninstall -q -y oneccl oneccl-devel || true
+  curl -fsSL --retry 3 -o /tmp/oneccl.sh "$XPU_ONECCL_INSTALLER"
+  bash /tmp/oneccl.sh -a --silent --eula accept
+  rm /tmp/oneccl.sh
+  ccl=$(basename "$XPU_ONECCL_INSTALLER" | sed -E 's/^intel-oneccl-([0-9]+\.[0-9]+).*/\1/')
+  ln -sfn "/opt/intel/oneapi/ccl/$ccl" /opt/intel/oneapi/ccl/latest
+fi
+VLLM_TARGET_DEVICE=xpu "$pip" install -q --no-build-isolation --no-deps "$src"
+# shellcheck disable=SC2086  # a list of requirement specifiers
+if [ -n "${XPU_ONEAPI_PIP:-}" ]; then "$pip" install -q "$@" $XPU_ONEAPI_PIP; fi
 rm -rf "$src"
-"$py" - "$TORCH_VERSION" <<'PY'
-import sys, torch, vllm
-assert torch.__version__ == sys.argv[1], f"torch {torch.__version__} != TORCH_VERSION {sys.argv[1]}"
-print("torch", torch.__version__, "vllm", vllm.__version__)
-PY

@@ -8,7 +8,10 @@
 #   TARGET           Dockerfile stage (default: runtime; `test` adds the tests)
 #   TAG              image tag (default: vllm-intel:<acc>-<version>, plus vllm-intel:<acc> for
 #                    the default release; with TARGET=test: vllm-intel:<acc>-<version>-test)
-#   WHEELS_DIR       directory of local wheels copied into docker/wheels; default /opt/wheels when
+#   XPU_ROUTE        xpu only: upstream (FROM upstream's published image) or source (built from
+#                    the release's sdist); default: upstream where docker/xpu-releases.toml names
+#                    a published image, else source
+#   WHEELS_DIR       cpu only: local wheels copied into docker/wheels; default /opt/wheels when
 #                    it exists (these CI machines keep the torch CPU wheel there: the PyTorch
 #                    index is unreachable), "" for none; TORCH_INDEX_URL then defaults to "" (no index)
 #   TORCH_INDEX_URL  override the Dockerfile's torch index ("" = PyPI + docker/wheels only)
@@ -49,9 +52,21 @@ patches_version=$(python3 -c 'import sys,tomllib; print(tomllib.load(open(sys.ar
 vcs_ref=$(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo unknown)
 args+=(--build-arg "PATCHES_VERSION=$patches_version" --build-arg "VCS_REF=$vcs_ref")
 
-# Local wheels: offered to pip through the docker/wheels bind mount.
-if [ -z "${WHEELS_DIR+set}" ] && [ -d /opt/wheels ]; then WHEELS_DIR=/opt/wheels; fi
-if [ -n "${WHEELS_DIR:-}" ]; then
+# XPU: the release's recipe from docker/xpu-releases.toml (route: XPU_ROUTE, default the one a
+# user should take: upstream's published image where it exists); the source route needs the sdist.
+if [ "$acc" = xpu ]; then
+  recipe=$(python3 "$here/scripts/xpu_recipe.py" build-args "$version" ${XPU_ROUTE:+"$XPU_ROUTE"}) || exit 64
+  mapfile -t recipe_args <<<"$recipe"
+  for a in "${recipe_args[@]}"; do args+=(--build-arg "$a"); done
+  if grep -qx 'XPU_ROUTE=source' <<<"$recipe"; then
+    sdist=$("$here/scripts/vllm-sdist.sh" "$version")
+    cp -u "$sdist" "$here/docker/sdist/"
+  fi
+fi
+
+# Local wheels (CPU image): offered to pip through the docker/wheels bind mount.
+if [ "$acc" = cpu ] && [ -z "${WHEELS_DIR+set}" ] && [ -d /opt/wheels ]; then WHEELS_DIR=/opt/wheels; fi
+if [ "$acc" = cpu ] && [ -n "${WHEELS_DIR:-}" ]; then
   shopt -s nullglob
   whls=("$WHEELS_DIR"/*.whl)
   [ ${#whls[@]} -gt 0 ] || { echo "build-image: no wheels in WHEELS_DIR=$WHEELS_DIR" >&2; exit 1; }
