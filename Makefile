@@ -7,7 +7,7 @@ VENV          = $(shell scripts/vllm-venv.sh $(VLLM_VERSION))
 MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
-.PHONY: help setup model run patches test test-fast soak lint build-cpu build-xpu up down bench \
+.PHONY: help setup model run patches test test-fast test-xpu soak lint build-cpu build-xpu up down bench \
         buildkite-local engine-start engine-stop clean
 
 help: ## List the public targets
@@ -32,6 +32,9 @@ test: setup ## Run every test: unit, real vLLM, static checks, real Docker image
 test-fast: setup ## Run the tests that need neither Docker nor a vllm serve
 	@$(VENV)/bin/python -m pytest -m "not docker and not slow" $(PYTEST_ARGS)
 
+test-xpu: setup ## Check the XPU recipe table against upstream's sdists and build the XPU wheels
+	@$(VENV)/bin/python -m pytest tests/xpu $(PYTEST_ARGS)
+
 soak: setup ## 20 stop/start cycles of the CPU container under traffic (CYCLES=20; ~25 min)
 	@$(VENV)/bin/python -m pytest -m soak tests/container/test_soak.py -s $(PYTEST_ARGS)
 
@@ -41,7 +44,7 @@ lint: ## Static checks: hadolint, compose config + schema, yamllint, k8s and Bui
 build-cpu: ## Build the CPU image (needs a Docker engine: make engine-start)
 	@scripts/build-image.sh cpu
 
-build-xpu: ## Build the XPU image (needs the oneAPI base image and XPU wheels; not possible on CI)
+build-xpu: ## Build the XPU image (recipe: docker/xpu-releases.toml; needs a registry: Buildkite, not CI)
 	@scripts/build-image.sh xpu
 
 up: ## docker compose up the CPU service and wait until healthy

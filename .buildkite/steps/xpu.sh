@@ -1,22 +1,25 @@
 #!/usr/bin/env bash
-# Buildkite step on Intel GPU agents (Data Center GPU Max/Flex, Arc; /dev/dri on the host):
-# build the XPU image, then the smoke test on the agent's GPU: serve, request, stop, restart the
-# same container on the same device (a worker that does not release its Level Zero context makes
-# the second start hang or fail), request, stop. Build and run on one agent: no registry needed.
+# Buildkite step on Intel GPU agents (Data Center GPU Max/Flex, Arc; /dev/dri on the host), one job
+# per release of docker/xpu-releases.toml: build the XPU image, run the GPU tests inside it
+# (tests/xpu, marker xpu: on the vLLM release without upstream's XPU shutdown fix the restart on
+# the same device is shown to hang without the xpu-shutdown patch and to serve with it), then the
+# smoke test: serve, request, stop, restart the same container on the same device, request, stop.
 # Environment: as scripts/build-image.sh; ZE_AFFINITY_MASK picks the GPU (default: all).
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
+# shellcheck source=xpu-lib.sh
+source "$(dirname "$0")/xpu-lib.sh"
 setup_step
 
 renders=(/dev/dri/renderD*)
 render=${renders[0]}
 [ -e "$render" ] || { echo "xpu: no /dev/dri/renderD* on this agent (wrong queue?)" >&2; exit 1; }
+# The container user (uid 10001) reaches the render node through the host's group of that node;
+# the by-path links are how the GPU driver and oneCCL find the devices.
+gpu=(--device /dev/dri -v /dev/dri/by-path:/dev/dri/by-path:ro --group-add "$(stat -c %g "$render")"
+     ${ZE_AFFINITY_MASK:+-e ZE_AFFINITY_MASK="$ZE_AFFINITY_MASK"})
 
-image=vllm-intel:xpu-$VLLM_VERSION
-section ":docker: build $image"
-network_retryable scripts/build-image.sh xpu
-
+build_xpu_images
+in_image_tests "xpu or xpu_image" "${gpu[@]}"
 section ":fire: smoke test $image on $render"
-# The container user (uid 10001) reaches the render node through the host's group of that node.
-.buildkite/steps/smoke.sh "$image" --device /dev/dri --group-add "$(stat -c %g "$render")" \
-  -e INTEL_VLLM_DEVICE=xpu ${ZE_AFFINITY_MASK:+-e ZE_AFFINITY_MASK="$ZE_AFFINITY_MASK"}
+.buildkite/steps/smoke.sh "$image" "${gpu[@]}"

@@ -51,6 +51,10 @@ def test_step_commands_are_scripts_or_make_targets():
         queues[cmd] = step["agents"]["queue"]
     assert queues[".buildkite/steps/cpu.sh"] == "intel-cpu"
     assert queues[".buildkite/steps/xpu.sh"] == "intel-gpu"
+    # Building the XPU image needs network, not a GPU: it runs on CPU agents, before the GPU step.
+    assert queues[".buildkite/steps/xpu-build.sh"] == "intel-cpu"
+    by_key = {s["key"]: s for s in steps() if "key" in s}
+    assert by_key["xpu"]["depends_on"] == "xpu-build"
     # The soak runs nightly (scheduled builds), not on every push.
     soak = next(s for s in steps() if s["command"] == ".buildkite/steps/soak.sh")
     assert soak["agents"]["queue"] == "intel-cpu" and "schedule" in soak["if"]
@@ -66,8 +70,22 @@ def test_step_scripts_parse_and_reuse_project_scripts(script):
     # One copy of each command: images are built only by scripts/build-image.sh.
     assert not re.search(r"\bdocker\"?\s+(build|buildx)\b", text), script
     if script in ("cpu.sh", "xpu.sh"):
-        assert "scripts/build-image.sh" in text and "setup_step" in text
-        assert "smoke.sh" in text
+        assert "setup_step" in text and "smoke.sh" in text
+    if script == "cpu.sh" or script == "xpu-lib.sh":
+        assert "scripts/build-image.sh" in text
+    if script in ("xpu.sh", "xpu-build.sh"):
+        assert "xpu-lib.sh" in text and "build_xpu_images" in text and "in_image_tests" in text
+
+
+def test_xpu_jobs_cover_every_release_of_the_recipe_table():
+    """One XPU build job and one GPU job per release of docker/xpu-releases.toml."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import xpu_recipe
+
+    for key in ("xpu-build", "xpu"):
+        step = next(s for s in steps() if s.get("key") == key)
+        assert step["matrix"] == xpu_recipe.versions(), key
+        assert step["env"]["VLLM_VERSION"] == "{{matrix}}", key
 
 
 def test_network_errors_map_to_the_retried_exit_status(tmp_path):

@@ -157,3 +157,7 @@ def test_malformed_table_is_rejected(tmp_path):
                                 'level_zero_dev = "libze-dev_9.deb"'))
     with pytest.raises(xpu_recipe.RecipeError, match="level_zero_dev is not one of umd"):
         xpu_recipe.load(bad)
+
+
+def test_default_release_is_the_projects():
+    assert TABLE["default"] == (ROOT / "VLLM_VERSION").read_text().strip()

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Buildkite step on Intel CPU agents (network, Docker, no GPU): build the XPU image of VLLM_VERSION
+# (one job per release of docker/xpu-releases.toml, pipeline.yml's matrix) and check inside it what
+# needs no GPU: torch / vLLM / vllm_xpu_kernels import and are the recipe's releases,
+# torch.xpu.device_count() answers 0 without crashing, `vllm --version` says +xpu, Level Zero's
+# headers are there, `entrypoint.py patches` prints the expected states (tests/xpu, marker
+# xpu_image). The build itself already fails when the stack does not load (check-xpu-image.sh).
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+# shellcheck source=xpu-lib.sh
+source "$(dirname "$0")/xpu-lib.sh"
+setup_step
+build_xpu_images
+in_image_tests xpu_image

@@ -1,0 +1,147 @@
+"""Inside the XPU image: what can be checked without a GPU (marker `xpu_image`, Buildkite's XPU
+build step on a CPU agent) and what needs one (marker `xpu`, Buildkite's GPU step).
+
+Both run in the image's `test` target (`docker run vllm-intel:xpu-X-test -m xpu_image`); on any
+other machine they are deselected (`xpu_image`: not an XPU image) or skipped with the reason
+(`xpu`: no /dev/dri). Their expectations come from docker/xpu-releases.toml and are tested here
+without the image (test_expected_states_*), so a wrong expectation fails on every CI run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from tools.serving import Server, free_port
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import xpu_recipe  # noqa: E402
+
+IN_XPU_IMAGE = (os.environ.get("VLLM_TARGET_DEVICE") == "xpu"
+                and importlib.util.find_spec("vllm_xpu_kernels") is not None)
+HAS_GPU = any(pathlib.Path("/dev/dri").glob("renderD*"))
+# Releases that carry vLLM PR #46433 (XPU shutdown); before it the patch applies on a real XPU.
+FIRST_WITH_XPU_SHUTDOWN = (0, 25)
+
+in_image = pytest.mark.skipif(not IN_XPU_IMAGE, reason="runs inside the XPU image only "
+                              "(Buildkite: .buildkite/steps/xpu-build.sh)")
+needs_gpu = pytest.mark.skipif(not (IN_XPU_IMAGE and HAS_GPU), reason="needs an Intel GPU "
+                               "(/dev/dri/renderD*) inside the XPU image (Buildkite: steps/xpu.sh)")
+
+
+def installed_vllm() -> str:
+    import importlib.metadata as md
+    return md.version("vllm").split("+")[0]
+
+
+def expected_patch_states(version: str, on_xpu: bool) -> dict[str, str]:
+    """What `entrypoint.py patches` must print for the XPU patch in an XPU image of `version`."""
+    major_minor = tuple(int(x) for x in version.split(".")[:2])
+    if major_minor >= FIRST_WITH_XPU_SHUTDOWN:
+        return {"xpu-shutdown": "upstream"}
+    # Without a GPU vLLM picks no XPU platform, so the patch stands aside; with one it applies.
+    return {"xpu-shutdown": "applied" if on_xpu else "not-applicable"}
+
+
+@pytest.mark.parametrize("version, on_xpu, state", [
+    ("0.32.0", False, "upstream"), ("0.27.1", True, "upstream"),
+    ("0.24.0", True, "applied"), ("0.24.0", False, "not-applicable"),
+])
+def test_expected_states_follow_the_upstream_fix(version, on_xpu, state):
+    assert expected_patch_states(version, on_xpu) == {"xpu-shutdown": state}
+
+
+def test_the_table_has_a_release_the_patch_applies_to():
+    """The seed case: a release without upstream's XPU shutdown fix has a recipe, so the GPU step
+    can reproduce the hang and show the patch fixes it."""
+    states = {v: expected_patch_states(v, on_xpu=True)["xpu-shutdown"]
+              for v in xpu_recipe.versions()}
+    assert "applied" in states.values() and "upstream" in states.values(), states
+
+
+def _run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.xpu_image
+@in_image
+def test_xpu_stack_imports_and_counts_devices_without_crashing():
+    r = _run(sys.executable, "-c", "import torch, vllm, vllm_xpu_kernels._C; "
+             "print(torch.__version__, torch.version.xpu, torch.xpu.device_count())")
+    assert r.returncode == 0, r.stderr[-3000:]
+    torch_version, xpu, count = r.stdout.split()
+    rel = xpu_recipe.release(installed_vllm())
+    assert torch_version == rel["torch"] + "+xpu" and xpu != "None", r.stdout
+    assert int(count) >= 1 if HAS_GPU else int(count) == 0, r.stdout
+
+
+@pytest.mark.xpu_image
+@in_image
+def test_vllm_cli_says_xpu_and_level_zero_headers_are_there():
+    r = _run("vllm", "--version")
+    assert r.returncode == 0 and r.stdout.strip().endswith("+xpu"), r.stdout + r.stderr[-2000:]
+    include = ["/usr/include", *filter(None, os.environ.get("CPATH", "").split(":"))]
+    assert any((pathlib.Path(d) / "level_zero" / "ze_api.h").exists() for d in include), include
+
+
+@pytest.mark.xpu_image
+@in_image
+def test_entrypoint_patches_prints_the_expected_states():
+    r = _run(sys.executable, str(ROOT / "entrypoint.py"), "patches")
+    assert r.returncode == 0, r.stdout + r.stderr
+    states = dict(line.split()[:2] for line in r.stdout.splitlines() if line.strip()
+                  and not line.startswith(("patch", "-")))
+    assert "failed" not in states.values(), r.stdout
+    for name, state in expected_patch_states(installed_vllm(), HAS_GPU).items():
+        assert states.get(name) == state, r.stdout
+
+
+def _serve(tmp: pathlib.Path, port: int, bare: bool, env: dict) -> Server:
+    model = os.environ.get("XPU_TEST_MODEL", os.environ["INTEL_VLLM_MODEL"])
+    if bare:  # vLLM alone, upstream's default shutdown (timeout 0)
+        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port",
+                str(port), "--max-model-len", "1024"]
+    else:
+        argv = [sys.executable, str(ROOT / "entrypoint.py"), "serve", model, "--port", str(port),
+                "--max-model-len", "1024"]
+    return Server(argv, port, tmp / f"serve-{port}.log", env=dict(env, TMPDIR=str(tmp)))
+
+
+@pytest.mark.xpu
+@needs_gpu
+@pytest.mark.parametrize("patched", [False, True], ids=["xpu-shutdown-disabled", "enabled"])
+def test_restart_on_the_same_device(patched):
+    """Serve, stop, serve again on the same GPU. On vLLM < 0.25 without xpu-shutdown the second
+    start hangs in oneCCL init (the first server's workers were killed holding Level Zero / oneCCL
+    resources): reproduced here, bounded by START_S. With the patch the restart serves."""
+    version = installed_vllm()
+    if tuple(map(int, version.split(".")[:2])) >= FIRST_WITH_XPU_SHUTDOWN and not patched:
+        pytest.skip(f"vLLM {version} carries the fix upstream: nothing to reproduce")
+    start_s = float(os.environ.get("XPU_RESTART_START_S", "600"))
+    env = {"INTEL_VLLM_PATCHES_DISABLE": "" if patched else "xpu-shutdown"}
+    with tempfile.TemporaryDirectory(prefix="xpu-", dir="/tmp") as d:
+        tmp = pathlib.Path(d)
+        first = _serve(tmp, free_port(), bare=not patched, env=env)
+        try:
+            first.wait_ready(start_s)
+            first.signal(signal.SIGTERM)
+            assert first.wait(120) is not None, "first server did not exit"
+        finally:
+            first.kill_all()
+        second = _serve(tmp, free_port(), bare=not patched, env=env)
+        try:
+            if patched:
+                second.wait_ready(start_s)  # raises with the log tail if it hangs or dies
+            else:
+                with pytest.raises((TimeoutError, RuntimeError)):
+                    second.wait_ready(start_s)
+        finally:
+            second.kill_all()
