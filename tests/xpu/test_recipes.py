@@ -44,8 +44,10 @@ def sdist():
 
     def get(version: str) -> str:
         if version not in paths:
+            # This venv has torch and vLLM's build requirements, which pip needs for the sdist.
             out = subprocess.run(["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), version],
-                                 check=True, capture_output=True, text=True, timeout=900)
+                                 check=True, capture_output=True, text=True, timeout=900,
+                                 env=dict(os.environ, SDIST_PYTHON=sys.executable))
             paths[version] = out.stdout.strip().splitlines()[-1]
         return paths[version]
 
