@@ -107,7 +107,8 @@ def dockerfile_app_stage(accelerator: str) -> dict[str, list[str]]:
 
 
 def dockerfile_env(accelerator: str) -> dict[str, str]:
-    """Every `ENV` of docker/Dockerfile.<acc>, all stages, later ones winning (${VAR} left as is)."""
+    """Every `ENV` of docker/Dockerfile.<acc>, all stages, later ones winning; $VAR / ${VAR} of an
+    earlier ENV expanded (others, e.g. the base image's PATH, left as written)."""
     from dockerfile_parse import DockerfileParser
 
     path = ROOT / "docker" / f"Dockerfile.{accelerator}"
@@ -118,9 +119,10 @@ def dockerfile_env(accelerator: str) -> dict[str, str]:
             continue
         words = shlex.split(ins["value"])
         if words and "=" not in words[0]:          # legacy `ENV NAME value`
-            out[words[0]] = " ".join(words[1:])
-            continue
-        out.update(w.split("=", 1) for w in words)
+            words = [f"{words[0]}={' '.join(words[1:])}"]
+        for name, value in (w.split("=", 1) for w in words):
+            out[name] = re.sub(r"\$\{(\w+)\}|\$(\w+)",
+                               lambda m: out.get(m[1] or m[2], m[0]), value)
     return out
 
 

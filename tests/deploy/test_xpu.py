@@ -22,7 +22,7 @@ import sys
 import pytest
 
 from .manifests import (ROOT, XPU_CACHE_ENV, XPU_OVERLAYS, compose, compose_default, container, dockerfile_env,
-                        env, one, pod_spec, render, render_text, xpu_cache_dirs)
+                        env, pod_spec, render, render_text, xpu_cache_dirs)
 
 COMPOSE_SH = ROOT / "scripts" / "compose.sh"
 RENDER_GID = ROOT / "scripts" / "render-gid.sh"
@@ -72,7 +72,7 @@ def fake_dri(tmp: pathlib.Path, gids: list[int], by_path: bool = True) -> pathli
     return dri
 
 
-def xpu_env(tmp: pathlib.Path, dri: pathlib.Path, envfile: pathlib.Path) -> subprocess.CompletedProcess:
+def xpu_env(dri: pathlib.Path, envfile: pathlib.Path) -> subprocess.CompletedProcess:
     return run([RENDER_GID], INTEL_VLLM_DRI_DIR=str(dri), INTEL_VLLM_ENV_FILE=str(envfile))
 
 
@@ -93,7 +93,7 @@ GID = 4242
 def test_shipped_env_example_after_xpu_env_resolves_device_access(tmp_path):
     envfile = tmp_path / ".env"
     shutil.copy(ROOT / ".env.example", envfile)
-    out = xpu_env(tmp_path, fake_dri(tmp_path, [GID]), envfile)
+    out = xpu_env(fake_dri(tmp_path, [GID]), envfile)
     assert out.returncode == 0, out.stderr
     svc = compose_config(envfile)["services"]["vllm-xpu"]
     assert svc["group_add"] == [str(GID)]
@@ -141,6 +141,13 @@ def test_compose_sh_refuses_to_start_xpu_without_numeric_gid(args, value, tmp_pa
     one_line_error(out, 64, "INTEL_VLLM_RENDER_GID", "make xpu-env")
 
 
+def test_compose_sh_sees_the_profile_in_compose_profiles(tmp_path):
+    envfile = tmp_path / ".env"
+    shutil.copy(ROOT / ".env.example", envfile)
+    out = run([COMPOSE_SH, "--env-file", envfile, "up", "-d"], COMPOSE_PROFILES="foo,xpu")
+    one_line_error(out, 64, "INTEL_VLLM_RENDER_GID")
+
+
 def test_compose_sh_reads_the_gid_from_the_env_file(tmp_path):
     envfile = tmp_path / ".env"
     envfile.write_text("INTEL_VLLM_RENDER_GID=render\n")
@@ -170,7 +177,7 @@ def test_compose_sh_lets_the_rest_through(args, extra, tmp_path):
 def test_render_gid_replaces_an_existing_value(tmp_path):
     envfile = tmp_path / ".env"
     envfile.write_text("A=1\nexport INTEL_VLLM_RENDER_GID=render\nB=2\n")
-    out = xpu_env(tmp_path, fake_dri(tmp_path, [GID, GID]), envfile)
+    out = xpu_env(fake_dri(tmp_path, [GID, GID]), envfile)
     assert out.returncode == 0, out.stderr
     assert envfile.read_text() == f"A=1\nINTEL_VLLM_RENDER_GID={GID}\nB=2\n"
 
@@ -180,11 +187,11 @@ def test_render_gid_appends_and_creates(tmp_path):
     dri = fake_dri(tmp_path, [GID])
     envfile = tmp_path / ".env"
     envfile.write_text("A=1\n")
-    assert xpu_env(tmp_path, dri, envfile).returncode == 0
+    assert xpu_env(dri, envfile).returncode == 0
     assert envfile.read_text() == f"A=1\nINTEL_VLLM_RENDER_GID={GID}\n"
     # No .env yet: made from .env.example, the gid filled in.
     fresh = tmp_path / "fresh.env"
-    assert xpu_env(tmp_path, dri, fresh).returncode == 0
+    assert xpu_env(dri, fresh).returncode == 0
     example = (ROOT / ".env.example").read_text()
     assert fresh.read_text() == example.replace("\nINTEL_VLLM_RENDER_GID=\n", f"\nINTEL_VLLM_RENDER_GID={GID}\n")
 
@@ -194,7 +201,7 @@ def test_render_gid_without_render_node(tmp_path):
     dri.mkdir()
     (dri / "card0").touch()
     envfile = tmp_path / ".env"
-    out = xpu_env(tmp_path, dri, envfile)
+    out = xpu_env(dri, envfile)
     one_line_error(out, 66, "renderD")
     assert not envfile.exists()
 
@@ -202,14 +209,14 @@ def test_render_gid_without_render_node(tmp_path):
 @needs_root
 def test_render_gid_with_render_nodes_of_different_groups(tmp_path):
     envfile = tmp_path / ".env"
-    out = xpu_env(tmp_path, fake_dri(tmp_path, [GID, GID + 1]), envfile)
+    out = xpu_env(fake_dri(tmp_path, [GID, GID + 1]), envfile)
     one_line_error(out, 65, str(GID), str(GID + 1))
     assert not envfile.exists()
 
 
 @needs_root
 def test_render_gid_warns_without_by_path(tmp_path):
-    out = xpu_env(tmp_path, fake_dri(tmp_path, [GID], by_path=False), tmp_path / ".env")
+    out = xpu_env(fake_dri(tmp_path, [GID], by_path=False), tmp_path / ".env")
     assert out.returncode == 0 and "by-path" in out.stderr, out.stderr
 
 
