@@ -63,8 +63,9 @@ starts_xpu() {  # ARGS... -> 0 if they start containers and the xpu profile or s
 compose=($(find_compose) --project-directory "$here" -f "$here/compose.yaml")
 
 # vllm-xpu needs the host's numeric render gid (compose.yaml, group_add). Check it here, as one
-# line and exit 64 (scripts/render-gid.sh), rather than let Docker fail at start; the value comes
-# from compose itself, so shell variables and --env-file count exactly as they will for `up`.
+# line and exit 64 (scripts/render-gid.sh), rather than let Docker fail at start. The value is the
+# group_add compose resolves, so shell variables and --env-file count exactly as they will for
+# `up` (`config --environment` would be simpler but is missing from older Compose v2 releases).
 if starts_xpu "$@"; then
   env_files=()
   prev=
@@ -73,7 +74,10 @@ if starts_xpu "$@"; then
     case "$a" in --env-file=*) env_files+=("$a") ;; esac
     prev=$a
   done
-  gid=$("${compose[@]}" "${env_files[@]}" config --environment | sed -n 's/^INTEL_VLLM_RENDER_GID=//p')
+  gid=$("${compose[@]}" "${env_files[@]}" --profile xpu config vllm-xpu \
+        | sed -n '/^    group_add:/{n;s/^ *- *//;s/"//g;p}')
+  # compose.yaml's fallback for an unset or empty variable
+  [[ $gid == INTEL_VLLM_RENDER_GID-unset* ]] && gid=
   "$here/scripts/render-gid.sh" check "$gid"
 fi
 
