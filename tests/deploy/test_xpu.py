@@ -138,7 +138,8 @@ def test_compose_sh_refuses_to_start_xpu_without_numeric_gid(args, value, tmp_pa
     shutil.copy(ROOT / ".env.example", envfile)   # shipped, before `make xpu-env`
     extra = {} if value is None else {"INTEL_VLLM_RENDER_GID": value}
     out = run([COMPOSE_SH, "--env-file", envfile, *args], **extra)
-    one_line_error(out, 64, "INTEL_VLLM_RENDER_GID", "make xpu-env")
+    said = f"INTEL_VLLM_RENDER_GID={value} is not a numeric gid" if value else "INTEL_VLLM_RENDER_GID is not set"
+    one_line_error(out, 64, said, "make xpu-env")
 
 
 def test_compose_sh_sees_the_profile_in_compose_profiles(tmp_path):
