@@ -8,7 +8,7 @@ MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
 .PHONY: help setup model run patches test test-fast test-xpu soak lint build-cpu build-xpu up down bench \
-        buildkite-local engine-start engine-stop clean
+        xpu-env buildkite-local engine-start engine-stop clean
 
 help: ## List the public targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -49,6 +49,9 @@ build-xpu: ## Build the XPU image (recipe: docker/xpu-releases.toml; needs a reg
 
 up: ## docker compose up the CPU service and wait until healthy
 	@scripts/compose.sh up -d --wait
+
+xpu-env: ## Write this host's render group id (INTEL_VLLM_RENDER_GID) into .env for the XPU service
+	@scripts/render-gid.sh
 
 down: ## docker compose down (drains first; removes containers and networks)
 	@scripts/compose.sh down

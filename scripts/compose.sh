@@ -47,5 +47,38 @@ find_compose() {
   echo "$bin"
 }
 
-# shellcheck disable=SC2046  # word splitting wanted: "docker compose" is two words
-exec $(find_compose) --project-directory "$here" -f "$here/compose.yaml" "$@"
+starts_xpu() {  # ARGS... -> 0 if they start containers and the xpu profile or service is among them
+  local a xpu=0 start=0
+  [[ ,${COMPOSE_PROFILES:-}, == *,xpu,* || ,${COMPOSE_PROFILES:-}, == *,\*,* ]] && xpu=1
+  for a in "$@"; do
+    case "$a" in
+      xpu | --profile=xpu | '*' | '--profile=*' | vllm-xpu) xpu=1 ;;
+      up | create | run | start | restart) start=1 ;;
+    esac
+  done
+  [ "$xpu$start" = 11 ]
+}
+
+# shellcheck disable=SC2207  # word splitting wanted: "docker compose" is two words
+compose=($(find_compose) --project-directory "$here" -f "$here/compose.yaml")
+
+# vllm-xpu needs the host's numeric render gid (compose.yaml, group_add). Check it here, as one
+# line and exit 64 (scripts/render-gid.sh), rather than let Docker fail at start. The value is the
+# group_add compose resolves, so shell variables and --env-file count exactly as they will for
+# `up` (`config --environment` would be simpler but is missing from older Compose v2 releases).
+if starts_xpu "$@"; then
+  env_files=()
+  prev=
+  for a in "$@"; do
+    if [ "$prev" = --env-file ]; then env_files+=(--env-file "$a"); fi
+    case "$a" in --env-file=*) env_files+=("$a") ;; esac
+    prev=$a
+  done
+  gid=$("${compose[@]}" "${env_files[@]}" --profile xpu config vllm-xpu \
+        | sed -n '/^    group_add:/{n;s/^ *- *//;s/"//g;p}')
+  # compose.yaml's fallback for an unset or empty variable
+  [[ $gid == INTEL_VLLM_RENDER_GID-unset* ]] && gid=
+  "$here/scripts/render-gid.sh" check "$gid"
+fi
+
+exec "${compose[@]}" "$@"

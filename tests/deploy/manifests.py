@@ -11,6 +11,7 @@ import functools
 import io
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,15 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("cpu", "xpu")
+# The xpu overlay and its variant for GPUs on the `xe` kernel driver, with the resource each requests.
+XPU_OVERLAYS = {"xpu": "gpu.intel.com/i915", "xpu-xe": "gpu.intel.com/xe"}
+# Where the XPU image keeps what it compiles at run time (Triton's launcher, SYCL and NEO kernels).
+# docker/Dockerfile.xpu sets these ENV; a value it sets wins over the one here (xpu_cache_dirs).
+XPU_CACHE_ENV = {
+    "TRITON_CACHE_DIR": "/home/vllm/.cache/triton",
+    "SYCL_CACHE_DIR": "/home/vllm/.cache/libsycl_cache",
+    "NEO_CACHE_DIR": "/home/vllm/.cache/neo_compiler_cache",
+}
 
 
 def kubectl() -> str:
@@ -94,3 +104,29 @@ def dockerfile_app_stage(accelerator: str) -> dict[str, list[str]]:
             out.setdefault(ins["instruction"], []).append(ins["value"])
     assert out, f"no `app` stage in Dockerfile.{accelerator}"
     return out
+
+
+def dockerfile_env(accelerator: str) -> dict[str, str]:
+    """Every `ENV` of docker/Dockerfile.<acc>, all stages, later ones winning; $VAR / ${VAR} of an
+    earlier ENV expanded (others, e.g. the base image's PATH, left as written)."""
+    from dockerfile_parse import DockerfileParser
+
+    path = ROOT / "docker" / f"Dockerfile.{accelerator}"
+    parser = DockerfileParser(fileobj=io.BytesIO(path.read_bytes()))
+    out: dict[str, str] = {}
+    for ins in parser.structure:
+        if ins["instruction"] != "ENV":
+            continue
+        words = shlex.split(ins["value"])
+        if words and "=" not in words[0]:          # legacy `ENV NAME value`
+            words = [f"{words[0]}={' '.join(words[1:])}"]
+        for name, value in (w.split("=", 1) for w in words):
+            out[name] = re.sub(r"\$\{(\w+)\}|\$(\w+)",
+                               lambda m: out.get(m[1] or m[2], m[0]), value)
+    return out
+
+
+def xpu_cache_dirs() -> dict[str, str]:
+    """XPU_CACHE_ENV with the values docker/Dockerfile.xpu sets for those names."""
+    image = dockerfile_env("xpu")
+    return {name: image.get(name, default) for name, default in XPU_CACHE_ENV.items()}
