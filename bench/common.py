@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from tools.serving import ROOT, Server, alive, descendants, free_port, shm_segments
+from tests.harness import ROOT, Server, alive, descendants, free_port, shm_segments
 
 MODEL = ROOT / "build" / "tiny-llama"
 RESULTS = ROOT / "bench" / "results"

@@ -13,7 +13,7 @@ import re
 import signal
 import time
 
-from tools.serving import Streams, wait_until_tokens_flow
+from tests.harness import Streams, wait_until_tokens_flow
 
 from .common import Row, launch, record, stop
 

@@ -18,7 +18,7 @@ import time
 
 import requests
 
-from tools.serving import free_port
+from tests.harness import free_port
 
 from .common import RESULTS, Row, launch, pair_ratios, record, stop
 from .dockerutil import IMAGE, docker, engine

@@ -20,7 +20,7 @@ from .common import RESULTS, ROOT, Row, log, record
 from .dockerutil import IMAGE, docker, engine
 
 # What the runtime target reads from the context (Dockerfile.cpu's COPY and bind mounts).
-INPUTS = ("docker", "tools", "patches", "scripts", "pyproject.toml", "entrypoint.py",
+INPUTS = ("docker", "tools", "vllm_intel", "scripts", "pyproject.toml", "entrypoint.py",
           "VLLM_VERSION", ".dockerignore")
 TAG = "vllm-intel:bench-rebuild"
 CACHED_LIMIT_S = 300  # an unchanged copy that takes longer is rebuilding vLLM: give up
@@ -92,14 +92,14 @@ def run(repeat: int, quick: bool) -> list[Row]:
                             f"cache (> {CACHED_LIMIT_S} s): it would rebuild vLLM"))
             return rows
         for rep in range(repeat):
-            for key, path in (("entrypoint", "entrypoint.py"), ("patches", "patches/__init__.py")):
+            for key, path in (("entrypoint", "entrypoint.py"), ("patches", "vllm_intel/patches/__init__.py")):
                 with open(ctx / path, "a") as f:
                     f.write(f"# bench rebuild {time.time()} {rep}\n")
                 took, ran = build(ctx, 1200)
                 changed[key].append(took)
                 ran_changed[key] = ran
                 inside = "/opt/vllm-intel/entrypoint.py" if key == "entrypoint" else \
-                    "/opt/venv/lib/python3.11/site-packages/vllm_intel_patches/__init__.py"
+                    "/opt/venv/lib/python3.11/site-packages/vllm_intel/patches/__init__.py"
                 last = docker("run", "--rm", "--entrypoint", "tail", TAG, "-n1", inside).stdout
                 if "bench rebuild" not in last or f" {rep}" not in last:
                     raise RuntimeError(f"the rebuilt image does not hold the change: {last!r}")
@@ -110,7 +110,7 @@ def run(repeat: int, quick: bool) -> list[Row]:
     finally:
         shutil.rmtree(ctx, ignore_errors=True)
         docker("rmi", TAG, check=False)
-    for key, what in (("entrypoint", "entrypoint.py"), ("patches", "the plugin, patches/")):
+    for key, what in (("entrypoint", "entrypoint.py"), ("patches", "the plugin, vllm_intel/patches/")):
         rows.append(Row("image", f"rebuild after a code-only change ({what})", "s", changed[key],
                         floor[key], [], "", None, fmt="{:.1f}",
                         note="alternative column = the same build again with nothing changed; "

@@ -18,7 +18,7 @@ from statistics import median
 
 import requests
 
-from tools.serving import Streams, descendants, stream_completion
+from tests.harness import Streams, descendants, stream_completion
 
 from .common import OLD_VLLM, Row, launch, ready, record, start, stop, terminate
 

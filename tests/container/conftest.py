@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tools.serving import free_port
+from tests.harness import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()

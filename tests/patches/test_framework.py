@@ -9,8 +9,8 @@ import pytest
 
 from _patchtest import run_py
 
-import vllm_intel_patches as vip
-from vllm_intel_patches import _base, registry
+import vllm_intel.patches as vip
+from vllm_intel.patches import _base, registry
 
 MINE = ("cpu-accelerator-api", "cpu-accelerator-noops", "xpu-shutdown")
 
@@ -48,7 +48,7 @@ def fakes(monkeypatch):
 
 def test_entry_point_is_registered():
     eps = importlib.metadata.entry_points(group="vllm.general_plugins")
-    ours = [ep for ep in eps if ep.value == "vllm_intel_patches:register"]
+    ours = [ep for ep in eps if ep.value == "vllm_intel.patches:register"]
     assert [ep.name for ep in ours] == ["intel_patches"]
     assert ours[0].load() is vip.register
 
@@ -57,7 +57,7 @@ def test_registry_lists_our_modules_with_docstrings():
     names = [p.name for p in registry.all_patches()]
     assert set(MINE) <= set(names) and len(names) == len(set(names))
     for mod in registry.PATCH_MODULES:
-        doc = importlib.import_module(f"vllm_intel_patches.{mod}").__doc__
+        doc = importlib.import_module(f"vllm_intel.patches.{mod}").__doc__
         # Every patch names its target, the upstream fix (or that there is none), the releases.
         for word in ("target", "upstream:", "release"):
             assert word in doc.lower(), (mod, word)
@@ -106,7 +106,7 @@ def test_unknown_name_is_a_config_error_but_known_names_still_count(fakes):
 
 def test_register_logs_one_line_and_never_raises(fakes, caplog, monkeypatch):
     monkeypatch.setenv(registry.DENY_ENV, "elsewhere")
-    with caplog.at_level(logging.INFO, logger="vllm.vllm_intel_patches"):
+    with caplog.at_level(logging.INFO, logger="vllm.vllm_intel.patches"):
         vip.register()
         vip.register()  # vLLM may call it again in the same process: no second line
     lines = [r.getMessage() for r in caplog.records if "patches (pid" in r.getMessage()]
@@ -127,7 +127,7 @@ def test_register_strict_raises_naming_the_patch(fakes, monkeypatch):
 
 def test_register_config_error(fakes, monkeypatch, caplog):
     monkeypatch.setenv(registry.ALLOW_ENV, "good,typo")
-    with caplog.at_level(logging.INFO, logger="vllm.vllm_intel_patches"):
+    with caplog.at_level(logging.INFO, logger="vllm.vllm_intel.patches"):
         vip.register()  # non-strict: logged once, known names applied
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "typo" in errors[0]
@@ -165,7 +165,7 @@ def test_process_kind(monkeypatch):
 # -- the real CLI, in a subprocess ---------------------------------------------------------------
 
 def test_cli_prints_table(default_python):
-    cp = run_py(default_python, "import runpy; runpy.run_module('vllm_intel_patches', run_name='__main__')")
+    cp = run_py(default_python, "import runpy; runpy.run_module('vllm_intel.patches', run_name='__main__')")
     assert cp.returncode == 0, cp.stderr
     rows = {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines()}
     assert {k: rows[k] for k in MINE} == {"cpu-accelerator-api": "applied",
@@ -175,7 +175,7 @@ def test_cli_prints_table(default_python):
 
 @pytest.mark.parametrize("var", [registry.ALLOW_ENV, registry.DENY_ENV])
 def test_cli_unknown_name_exit_64(default_python, var):
-    cp = run_py(default_python, "import sys, vllm_intel_patches as v; sys.exit(v.main([]))",
+    cp = run_py(default_python, "import sys, vllm_intel.patches as v; sys.exit(v.main([]))",
                 env={var: "cpu-accelerator-api,no-such-patch"})
     assert cp.returncode == 64
     assert cp.stdout == ""
@@ -186,8 +186,8 @@ def test_cli_unknown_name_exit_64(default_python, var):
 def test_cli_strict_with_failing_patch(default_python):
     """A real patch made to fail (its apply raises) -> strict: exit 1, one line naming it."""
     cp = run_py(default_python, """
-import sys, vllm_intel_patches as v
-from vllm_intel_patches import cpu_accelerator_api as api
+import sys, vllm_intel.patches as v
+from vllm_intel.patches import cpu_accelerator_api as api
 def boom():
     raise OSError("cannot bind")
 api.PATCH._apply = boom
@@ -202,7 +202,7 @@ sys.exit(v.main([]))
 
 
 def test_cli_bad_argument_exit_64(default_python):
-    cp = run_py(default_python, "import sys, vllm_intel_patches as v; sys.exit(v.main(['--bogus']))")
+    cp = run_py(default_python, "import sys, vllm_intel.patches as v; sys.exit(v.main(['--bogus']))")
     assert cp.returncode == 64
     assert [l for l in cp.stderr.splitlines() if "--bogus" in l] == [
-        "vllm-intel patches: unknown argument '--bogus'; usage: python -m vllm_intel_patches [--strict]"]
+        "vllm-intel patches: unknown argument '--bogus'; usage: python -m vllm_intel.patches [--strict]"]

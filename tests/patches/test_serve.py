@@ -93,4 +93,4 @@ def test_vllm_serve_loads_plugin_in_every_process(vllm_venv, tiny_model, tmp_pat
         assert {k: got.get(k) for k in expected} == expected, (kind, line)
     # (vLLM's default abort-mode shutdown logs an EngineDeadError traceback of its own; only
     # tracebacks through our package or a failed patch count)
-    assert "vllm_intel_patches/" not in res["log"] and "vllm-intel patch " not in res["log"], tail
+    assert "vllm_intel/patches/" not in res["log"] and "vllm-intel patch " not in res["log"], tail

@@ -18,7 +18,7 @@ import torch
 import vllm.v1.worker.gpu_worker as gw, vllm.v1.worker.xpu_worker as xw
 import vllm.v1.worker.gpu_model_runner as gm
 events = []   # (after importing vLLM: its logging config resets handlers of existing loggers)
-logging.getLogger("vllm.vllm_intel_patches").addHandler(
+logging.getLogger("vllm.vllm_intel.patches").addHandler(
     type("H", (logging.Handler,), {"emit": lambda self, r: events.append("log:" + r.getMessage())})())
 import vllm.platforms as platforms
 from vllm.platforms.xpu import XPUPlatform            # real class (fake kernels on the path)
@@ -40,7 +40,7 @@ from vllm.device_allocator.cumem import CuMemAllocator
 XpuMemAllocator.instance = Recorder("XpuMemAllocator")
 CuMemAllocator.instance = Recorder("CuMemAllocator")
 
-from vllm_intel_patches.xpu_shutdown import PATCH
+from vllm_intel.patches.xpu_shutdown import PATCH
 check = PATCH.check()
 state = PATCH.apply()
 
@@ -122,7 +122,7 @@ def test_shutdown_timeout_is_logged(default_python, sim_env):
 def test_cpu_platform_on_vllm_0240_is_not_applicable(default_python, sim_env):
     out = run_json(default_python, """
 import json, vllm.v1.worker.xpu_worker as xw
-from vllm_intel_patches.xpu_shutdown import PATCH
+from vllm_intel.patches.xpu_shutdown import PATCH
 print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason,
                       added="shutdown" in vars(xw.XPUWorker))))
 """, env=sim_env)
@@ -138,7 +138,7 @@ import json
 import vllm.platforms as platforms
 platforms._current_platform = type("FakeXPU", (), {"is_xpu": lambda self: True,
                                                    "device_type": "xpu"})()
-from vllm_intel_patches.xpu_shutdown import PATCH, missing_pieces
+from vllm_intel.patches.xpu_shutdown import PATCH, missing_pieces
 print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason, missing=missing_pieces())))
 """)
     assert out == dict(state="upstream", reason="vLLM carries PR #46433", missing=[])
@@ -160,7 +160,7 @@ def unguarded_shutdown(self):                      # the pre-fix body, reduced
         CuMemAllocator.instance.release_pools()
 orig = gpu_worker.Worker.shutdown
 gpu_worker.Worker.shutdown = unguarded_shutdown
-from vllm_intel_patches.xpu_shutdown import PATCH
+from vllm_intel.patches.xpu_shutdown import PATCH
 res = {}
 for name, cuda in (("xpu", False), ("cuda", True)):
     platforms._current_platform = types.SimpleNamespace(is_xpu=lambda: not cuda,

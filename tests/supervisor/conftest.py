@@ -13,9 +13,8 @@ import time
 
 import pytest
 
-from tools.serving import free_port
+from tests.harness import ROOT, free_port
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAKE = pathlib.Path(__file__).resolve().parent / "fake_vllm"
 
 

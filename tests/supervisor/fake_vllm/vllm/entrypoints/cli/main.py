@@ -8,6 +8,9 @@ FAKE_READY_AFTER seconds have passed, and behaves on SIGTERM as FAKE_ON_TERM say
 FAKE_ORPHAN=1 starts a grandchild in the same process group that outlives us and ignores SIGTERM.
 FAKE_ZOMBIE=PATH leaves an orphan (its pid written to PATH) that exits after 1.5 s: re-parented to
 the supervisor, which must reap it. FAKE_EXIT_AFTER=S,N exits by itself with code N after S seconds (an "engine death").
+GET /metrics answers FAKE_RUNNING requests running (default 0) in Prometheus text; FAKE_METRICS=hang
+makes it never answer (the supervisor must forward signals regardless). Each "got SIG..." line
+carries the wall-clock time it arrived (`at T`).
 """
 
 import http.server
@@ -32,17 +35,28 @@ if os.environ.get("FAKE_ZOMBIE"):
 
 
 def on_signal(sig, frame):
-    print(f"got {signal.Signals(sig).name}", flush=True)
+    print(f"got {signal.Signals(sig).name} at {time.time():.6f}", flush=True)
     if sig == signal.SIGTERM:
         terms.append(time.monotonic())
 
 
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
+          signal.SIGWINCH, signal.SIGALRM, signal.SIGPWR, signal.SIGRTMIN, signal.SIGRTMAX):
     signal.signal(s, on_signal)
 
 
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/metrics":
+            if os.environ.get("FAKE_METRICS") == "hang":
+                time.sleep(3600)
+            running = os.environ.get("FAKE_RUNNING", "0")
+            body = (f"# TYPE vllm:num_requests_running gauge\n"
+                    f'vllm:num_requests_running{{model_name="m"}} {running}\n').encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+            return
         ok = self.path == "/health" and time.monotonic() - start >= ready_after
         self.send_response(200 if ok else 503)
         self.end_headers()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import requests
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # What every local vllm serve of the tiny model needs on these CPU-only, offline machines.
 SERVE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",

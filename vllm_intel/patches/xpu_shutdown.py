@@ -34,7 +34,7 @@ import logging
 
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
 
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 XPU_MIN_SHUTDOWN_TIMEOUT = 5  # upstream's value
 
 

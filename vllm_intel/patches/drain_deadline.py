@@ -33,7 +33,7 @@ import time
 
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
 
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 
 ABORT_LEAD_S = 2.0
 # Set from AsyncLLM.shutdown (the API server starts it on SIGTERM); read by the ASGI wrapper.

@@ -1,10 +1,10 @@
-"""vllm-intel runtime patches for vLLM on Intel CPUs and XPUs (import name ``vllm_intel_patches``).
+"""vllm-intel runtime patches for vLLM on Intel CPUs and XPUs (import name ``vllm_intel.patches``).
 
 ``register()`` is the ``vllm.general_plugins`` entry point: vLLM calls it once in each of its
 processes (API server, EngineCore, Worker). It applies the enabled patches and logs one line with
 their states. It never raises into vLLM start-up unless ``INTEL_VLLM_PATCHES_STRICT=1``.
 
-``main(argv)`` (``python -m vllm_intel_patches``) applies the patches in its own process and
+``main(argv)`` (``python -m vllm_intel.patches``) applies the patches in its own process and
 prints one line per patch: name, state, reason. See docs/patches.md.
 """
 
@@ -24,7 +24,7 @@ __all__ = ["register", "main", "apply_all", "PatchConfigError", "PatchFailedErro
            "UPSTREAM", "NOT_APPLICABLE", "FAILED", "DISABLED"]
 
 # A child of vLLM's logger, so the line gets vLLM's format and "(EngineCore pid=..)" prefix.
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 _registered_pid: int | None = None
 
 
@@ -35,7 +35,7 @@ def _emit(level: int, msg: str, *args) -> None:
         log.log(level, msg, *args)
     elif level >= logging.INFO:
         print(f"{logging.getLevelName(level)} {time.strftime('%m-%d %H:%M:%S')} "
-              f"[vllm_intel_patches] {msg % args}", file=sys.stderr, flush=True)
+              f"[vllm_intel.patches] {msg % args}", file=sys.stderr, flush=True)
 
 
 def process_kind() -> str:
@@ -99,7 +99,7 @@ def register() -> None:
         raise failure
 
 
-USAGE = "usage: python -m vllm_intel_patches [--strict]"
+USAGE = "usage: python -m vllm_intel.patches [--strict]"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,7 @@ from typing import Callable
 import torch
 
 Policy = Callable[[str, object], object]
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 
 
 class _GuardedModule(types.ModuleType):

@@ -69,7 +69,7 @@ import torch
 from . import _accel_guard
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
 
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 _DYNAMO_ASSERT = "No accelerator available for torch.accelerator.synchronize"
 
 
