@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import signal
 import sys
 import time
@@ -12,7 +13,13 @@ import pytest
 
 from .conftest import ROOT, free_port
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT])
+
+def received_at(out: str, sig: str) -> float:
+    """Wall-clock time the fake vLLM got `sig` (it prints `got SIGTERM at T`)."""
+    return float(re.search(rf"got {sig} at ([0-9.]+)", out).group(1))
+
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
+                                 signal.SIGWINCH, signal.SIGRTMIN])
 def test_other_signals_are_forwarded_to_vllm(run, sig):
     r = run()
     r.wait_for(lambda: r.state() == "SERVING")
@@ -244,3 +251,54 @@ def test_vllm_does_not_outlive_a_killed_supervisor(run):
     while pathlib.Path(f"/proc/{child}").exists() and time.monotonic() < end:
         time.sleep(0.05)
     assert not pathlib.Path(f"/proc/{child}").exists()
+
+
+def test_sigterm_is_forwarded_at_once_even_when_metrics_hangs(run):
+    """Nothing on the signal path waits for vLLM's HTTP server: /metrics never answers here."""
+    r = run({"FAKE_METRICS": "hang", "FAKE_DRAIN": "0.5"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    t0 = time.time()
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0, out
+    latency = received_at(out, "SIGTERM") - t0
+    assert latency < 0.5, f"SIGTERM reached vLLM {latency:.3f} s after the supervisor got it"
+    assert "in flight at SIGTERM" not in out  # never counted, and never waited for
+
+
+def test_requests_in_flight_are_counted_from_metrics(run):
+    r = run({"FAKE_RUNNING": "2", "FAKE_DRAIN": "1"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0
+    assert "; 2 in flight at SIGTERM, 0 finished, 0 aborted, 2 still running" in out, out
+
+
+def test_http_probes_follow_the_state(run):
+    import urllib.error
+    import urllib.request
+
+    probe_port = free_port()
+
+    def status(kind: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{probe_port}/{kind}", timeout=5) as res:
+                return res.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return 0
+
+    r = run({"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "2",
+             "INTEL_VLLM_PROBE_PORT": str(probe_port)})
+    r.wait_for(lambda: r.state() == "STARTING" and status("live") != 0)
+    assert status("ready") == 503 and status("live") == 200
+    r.wait_for(lambda: r.state() == "SERVING")
+    assert status("ready") == 200 and status("live") == 200
+    r.signal(signal.SIGTERM)
+    r.wait_for(lambda: r.state() == "DRAINING")
+    assert status("ready") == 503 and status("live") == 200
+    assert status("nothing") == 404
+    assert r.finish()[0] == 0
+    assert status("ready") == 0  # gone with the supervisor
