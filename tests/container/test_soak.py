@@ -1,4 +1,4 @@
-"""Stop/start cycles of one container with the same volumes, each stop during traffic (issue 7).
+"""Stop/start cycles of one container with the same volumes, each stop during traffic.
 
 Not part of `make test` (about 20 x 65 s): run it with `make soak` (CYCLES=20 by default).
 Every start must become healthy, every stop must drain the streams in flight and exit 0, and

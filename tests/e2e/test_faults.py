@@ -1,5 +1,5 @@
 """Faults through entrypoint.py with real vLLM CPU: kills and early stops never leave a hung
-server, orphans or leftovers, and the exit code says what happened (issue 7)."""
+server, orphans or leftovers, and the exit code says what happened."""
 
 from __future__ import annotations
 

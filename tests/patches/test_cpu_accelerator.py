@@ -1,4 +1,4 @@
-"""cpu-accelerator-noops (issue 2) and cpu-accelerator-api (issue 8) against real torch / vLLM.
+"""cpu-accelerator-noops and cpu-accelerator-api against real torch / vLLM.
 
 Every scenario runs in a fresh interpreter (torch.compile and Dynamo caches are process-global).
 """

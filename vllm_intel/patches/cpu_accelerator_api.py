@@ -1,7 +1,7 @@
 """cpu-accelerator-api: every public ``torch.accelerator`` call behaves sensibly on a CPU-only host.
 
 Target:   module ``torch.accelerator`` (all names in its ``__all__``), torch 2.13.0+cpu here.
-Upstream: follow-up of vllm#41033 / vllm PR #49960 (project issue 8). No upstream torch fix yet:
+Upstream: follow-up of vllm#41033 / vllm PR #49960. No upstream torch fix yet:
           ``torch.accelerator.synchronize()`` and most other calls raise ``RuntimeError: Cannot
           access accelerator device when none is available.`` (no call named), and Dynamo's
           ``handle_synchronize`` (torch/_dynamo/variables/torch.py) asserts ``No accelerator

@@ -6,7 +6,7 @@ least; decided by reading the running code, not by version):
   * ``vllm.v1.engine.async_llm.AsyncLLM.shutdown`` (API server process)
   * ``build_middleware_stack`` of ``fastapi.FastAPI`` (or ``Starlette`` where FastAPI does not
     override it) (API server process)
-Upstream: no fix yet; the behaviour is the one measured in ../shared/ENVIRONMENT.md.
+Upstream: no fix yet; the behaviour is measured by tests/e2e (a drain shorter than the work).
 
 What goes wrong upstream, and what this changes:
   1. When the drain window is shorter than the work, the process manager SIGKILLs the engine core

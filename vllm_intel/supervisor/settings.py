@@ -109,7 +109,7 @@ SETTINGS = (
     Setting("INTEL_VLLM_SHM_DIR", "`/dev/shm`", "where vLLM's shared memory leftovers are swept"),
     Setting("INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
             "all, none, off",
-            "patch allow list, deny list, strict mode ([docs/patches.md](docs/patches.md))"),
+            "patch allow list, deny list, strict mode (see docs/patches.md)"),
 )
 
 USAGE = """\
