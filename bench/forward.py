@@ -27,17 +27,34 @@ MODEL = ROOT / "build" / "tiny-llama"
 def once(entrypoint: str, streams: int) -> dict:
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="fw-", dir="/tmp"))
     port = free_port()
-    s = Server([sys.executable, entrypoint, "serve", str(MODEL), "--enforce-eager",
-                "--port", str(port)], port, tmp / "server.log",
-               {"TMPDIR": str(tmp), "INTEL_VLLM_STATE_FILE": str(tmp / "state.json")})
+    s = Server(
+        [sys.executable, entrypoint, "serve", str(MODEL), "--enforce-eager", "--port", str(port)],
+        port,
+        tmp / "server.log",
+        {"TMPDIR": str(tmp), "INTEL_VLLM_STATE_FILE": str(tmp / "state.json")},
+    )
     try:
         s.wait_ready()
         api = json.loads((tmp / "state.json").read_text())["child"]
         load = Streams(s.url, s.model_name(), streams, max_tokens=2000, timeout=120)
         wait_until_tokens_flow(s.url, running=streams)
         trace = tmp / "strace.txt"
-        st = subprocess.Popen(["strace", "-f", "-ttt", "-e", "trace=none", "-e", "signal=SIGTERM",
-                               "-o", str(trace), "-p", str(api)], stderr=subprocess.DEVNULL)
+        st = subprocess.Popen(
+            [
+                "strace",
+                "-f",
+                "-ttt",
+                "-e",
+                "trace=none",
+                "-e",
+                "signal=SIGTERM",
+                "-o",
+                str(trace),
+                "-p",
+                str(api),
+            ],
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(1.0)  # attached
         t0 = time.time()
         s.signal(signal.SIGTERM)
@@ -45,8 +62,10 @@ def once(entrypoint: str, streams: int) -> dict:
         load.join(60)
         st.wait(10)
         m = re.search(r"^(?:\d+ +)?([0-9.]+) --- SIGTERM", trace.read_text(), re.M)
-        return {"latency_ms": round((float(m.group(1)) - t0) * 1000, 2) if m else None,
-                "exit": code}
+        return {
+            "latency_ms": round((float(m.group(1)) - t0) * 1000, 2) if m else None,
+            "exit": code,
+        }
     finally:
         if s.proc.poll() is None:
             s.kill_all()

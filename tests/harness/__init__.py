@@ -20,8 +20,13 @@ import requests
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # What every local vllm serve of the tiny model needs on these CPU-only, offline machines.
-SERVE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+SERVE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 
 def free_port() -> int:
@@ -38,8 +43,9 @@ class Server:
         self.env = dict(os.environ, **SERVE_ENV, **(env or {}))
         self.log = open(log_path, "w")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.pid = self.proc.pid
 
     @property
@@ -106,11 +112,19 @@ class StreamResult:
         return self.done or self.status not in (None, 200) or bool(self.error)
 
 
-def stream_completion(url: str, model: str, max_tokens: int, timeout: float = 120,
-                      prompt: str = "def main(") -> StreamResult:
+def stream_completion(
+    url: str, model: str, max_tokens: int, timeout: float = 120, prompt: str = "def main("
+) -> StreamResult:
     res = StreamResult()
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+    }
     try:
         with requests.post(url + "/v1/completions", json=body, stream=True, timeout=timeout) as r:
             res.status = r.status_code
@@ -131,7 +145,9 @@ def stream_completion(url: str, model: str, max_tokens: int, timeout: float = 12
                 if event.get("usage"):
                     res.tokens = event["usage"]["completion_tokens"]
                 if event.get("choices"):
-                    res.finish_reason = event["choices"][0].get("finish_reason") or res.finish_reason
+                    res.finish_reason = (
+                        event["choices"][0].get("finish_reason") or res.finish_reason
+                    )
     except requests.RequestException as e:
         res.error = f"{type(e).__name__}: {e}"[:300]
     finally:
@@ -144,8 +160,10 @@ class Streams:
 
     def __init__(self, url: str, model: str, n: int, max_tokens: int, timeout: float = 120):
         self.results: list[StreamResult | None] = [None] * n
-        self.threads = [threading.Thread(target=self._one, args=(i, url, model, max_tokens, timeout))
-                        for i in range(n)]
+        self.threads = [
+            threading.Thread(target=self._one, args=(i, url, model, max_tokens, timeout))
+            for i in range(n)
+        ]
         for t in self.threads:
             t.start()
 
@@ -156,8 +174,10 @@ class Streams:
         end = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(end - time.monotonic(), 0))
-        return [r if r is not None else StreamResult(error="client thread still waiting")
-                for r in self.results]
+        return [
+            r if r is not None else StreamResult(error="client thread still waiting")
+            for r in self.results
+        ]
 
 
 def wait_until_tokens_flow(url: str, running: int = 1, timeout: float = 30) -> None:
@@ -167,7 +187,10 @@ def wait_until_tokens_flow(url: str, running: int = 1, timeout: float = 30) -> N
         try:
             text = requests.get(url + "/metrics", timeout=2).text
             for line in text.splitlines():
-                if line.startswith("vllm:num_requests_running") and float(line.split()[-1]) >= running:
+                if (
+                    line.startswith("vllm:num_requests_running")
+                    and float(line.split()[-1]) >= running
+                ):
                     return
         except requests.RequestException:
             pass

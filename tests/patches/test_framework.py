@@ -6,7 +6,6 @@ import importlib.metadata
 import logging
 
 import pytest
-
 from _patchtest import run_py
 
 import vllm_intel.patches as vip
@@ -37,8 +36,12 @@ class Fake(_base.Patch):
 
 @pytest.fixture
 def fakes(monkeypatch):
-    ps = [Fake("good"), Fake("bad", boom=True), Fake("done", _base.UPSTREAM),
-          Fake("elsewhere", _base.NOT_APPLICABLE)]
+    ps = [
+        Fake("good"),
+        Fake("bad", boom=True),
+        Fake("done", _base.UPSTREAM),
+        Fake("elsewhere", _base.NOT_APPLICABLE),
+    ]
     monkeypatch.setattr(registry, "all_patches", lambda: ps)
     monkeypatch.setattr(vip, "_registered_pid", None)
     for k in (registry.ALLOW_ENV, registry.DENY_ENV, registry.STRICT_ENV):
@@ -84,12 +87,15 @@ def test_not_needed_changes_nothing(fakes):
         assert fakes[name].apply() == state and fakes[name].applies == 0
 
 
-@pytest.mark.parametrize("allow,deny,enabled", [
-    (None, None, ["good", "bad", "done", "elsewhere"]),
-    ("good, done", None, ["good", "done"]),
-    (None, "bad", ["good", "done", "elsewhere"]),
-    ("good,bad", "bad", ["good"]),
-])
+@pytest.mark.parametrize(
+    "allow,deny,enabled",
+    [
+        (None, None, ["good", "bad", "done", "elsewhere"]),
+        ("good, done", None, ["good", "done"]),
+        (None, "bad", ["good", "done", "elsewhere"]),
+        ("good,bad", "bad", ["good"]),
+    ],
+)
 def test_selection(fakes, allow, deny, enabled):
     env = {k: v for k, v in ((registry.ALLOW_ENV, allow), (registry.DENY_ENV, deny)) if v}
     on, off, err = registry.select(env)
@@ -111,8 +117,10 @@ def test_register_logs_one_line_and_never_raises(fakes, caplog, monkeypatch):
         vip.register()  # vLLM may call it again in the same process: no second line
     lines = [r.getMessage() for r in caplog.records if "patches (pid" in r.getMessage()]
     assert len(lines) == 1
-    assert lines[0].endswith("(pid %d, API server): good=applied bad=failed done=upstream "
-                             "elsewhere=disabled" % __import__("os").getpid())
+    assert lines[0].endswith(
+        "(pid %d, API server): good=applied bad=failed done=upstream "
+        "elsewhere=disabled" % __import__("os").getpid()
+    )
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["vllm-intel patch bad failed: RuntimeError: simulated failure"]
 
@@ -121,8 +129,9 @@ def test_register_strict_raises_naming_the_patch(fakes, monkeypatch):
     monkeypatch.setenv(registry.STRICT_ENV, "1")
     with pytest.raises(_base.PatchFailedError) as exc:
         vip.register()
-    assert str(exc.value) == ("vllm-intel patch bad failed: RuntimeError: simulated failure "
-                              "(INTEL_VLLM_PATCHES_STRICT=1)")
+    assert str(exc.value) == (
+        "vllm-intel patch bad failed: RuntimeError: simulated failure (INTEL_VLLM_PATCHES_STRICT=1)"
+    )
 
 
 def test_register_config_error(fakes, monkeypatch, caplog):
@@ -142,41 +151,59 @@ def test_main_prints_one_line_per_patch(fakes, capsys):
     assert vip.main([]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[:2] for line in out] == [
-        ["good", "applied"], ["bad", "failed"], ["done", "upstream"],
-        ["elsewhere", "not-applicable"]]
+        ["good", "applied"],
+        ["bad", "failed"],
+        ["done", "upstream"],
+        ["elsewhere", "not-applicable"],
+    ]
     assert out[1].endswith("RuntimeError: simulated failure")
 
 
 def test_main_strict_failure_exit_1(fakes, capsys):
     assert vip.main(["--strict"]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert err == ["vllm-intel patches: vllm-intel patch bad failed: RuntimeError: simulated "
-                   "failure (INTEL_VLLM_PATCHES_STRICT=1)"]
+    assert err == [
+        "vllm-intel patches: vllm-intel patch bad failed: RuntimeError: simulated "
+        "failure (INTEL_VLLM_PATCHES_STRICT=1)"
+    ]
 
 
 def test_process_kind(monkeypatch):
     import multiprocessing
-    for name, kind in (("MainProcess", "API server"), ("EngineCore", "EngineCore"),
-                       ("EngineCore_DP1", "EngineCore DP1"), ("VllmWorker-0", "Worker")):
+
+    for name, kind in (
+        ("MainProcess", "API server"),
+        ("EngineCore", "EngineCore"),
+        ("EngineCore_DP1", "EngineCore DP1"),
+        ("VllmWorker-0", "Worker"),
+    ):
         monkeypatch.setattr(multiprocessing.current_process(), "name", name)
         assert vip.process_kind() == kind
 
 
 # -- the real CLI, in a subprocess ---------------------------------------------------------------
 
+
 def test_cli_prints_table(default_python):
-    cp = run_py(default_python, "import runpy; runpy.run_module('vllm_intel.patches', run_name='__main__')")
+    cp = run_py(
+        default_python, "import runpy; runpy.run_module('vllm_intel.patches', run_name='__main__')"
+    )
     assert cp.returncode == 0, cp.stderr
     rows = {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines()}
-    assert {k: rows[k] for k in MINE} == {"cpu-accelerator-api": "applied",
-                                          "cpu-accelerator-noops": "upstream",
-                                          "xpu-shutdown": "upstream"}
+    assert {k: rows[k] for k in MINE} == {
+        "cpu-accelerator-api": "applied",
+        "cpu-accelerator-noops": "upstream",
+        "xpu-shutdown": "upstream",
+    }
 
 
 @pytest.mark.parametrize("var", [registry.ALLOW_ENV, registry.DENY_ENV])
 def test_cli_unknown_name_exit_64(default_python, var):
-    cp = run_py(default_python, "import sys, vllm_intel.patches as v; sys.exit(v.main([]))",
-                env={var: "cpu-accelerator-api,no-such-patch"})
+    cp = run_py(
+        default_python,
+        "import sys, vllm_intel.patches as v; sys.exit(v.main([]))",
+        env={var: "cpu-accelerator-api,no-such-patch"},
+    )
     assert cp.returncode == 64
     assert cp.stdout == ""
     err = [l for l in cp.stderr.splitlines() if l.startswith("vllm-intel")]
@@ -185,24 +212,32 @@ def test_cli_unknown_name_exit_64(default_python, var):
 
 def test_cli_strict_with_failing_patch(default_python):
     """A real patch made to fail (its apply raises) -> strict: exit 1, one line naming it."""
-    cp = run_py(default_python, """
+    cp = run_py(
+        default_python,
+        """
 import sys, vllm_intel.patches as v
 from vllm_intel.patches import cpu_accelerator_api as api
 def boom():
     raise OSError("cannot bind")
 api.PATCH._apply = boom
 sys.exit(v.main([]))
-""", env={registry.STRICT_ENV: "1"})
+""",
+        env={registry.STRICT_ENV: "1"},
+    )
     assert cp.returncode == 1
     # (stderr also carries third-party noise, e.g. triton's nanobind leak report at exit)
     assert [l for l in cp.stderr.splitlines() if l.startswith("vllm-intel")] == [
         "vllm-intel patches: vllm-intel patch cpu-accelerator-api failed: OSError: cannot bind "
-        "(INTEL_VLLM_PATCHES_STRICT=1)"]
+        "(INTEL_VLLM_PATCHES_STRICT=1)"
+    ]
     assert "cpu-accelerator-api    failed" in cp.stdout
 
 
 def test_cli_bad_argument_exit_64(default_python):
-    cp = run_py(default_python, "import sys, vllm_intel.patches as v; sys.exit(v.main(['--bogus']))")
+    cp = run_py(
+        default_python, "import sys, vllm_intel.patches as v; sys.exit(v.main(['--bogus']))"
+    )
     assert cp.returncode == 64
     assert [l for l in cp.stderr.splitlines() if "--bogus" in l] == [
-        "vllm-intel patches: unknown argument '--bogus'; usage: python -m vllm_intel.patches [--strict]"]
+        "vllm-intel patches: unknown argument '--bogus'; usage: python -m vllm_intel.patches [--strict]"
+    ]

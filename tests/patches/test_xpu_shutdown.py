@@ -9,7 +9,6 @@ calls are recorded, and `XpuMemAllocator.instance` / `CuMemAllocator.instance` a
 from __future__ import annotations
 
 import pytest
-
 from _patchtest import run_json
 
 SIMULATE = r"""
@@ -112,20 +111,28 @@ def test_simulated_xpu_on_real_vllm_0240(default_python, sim_env):
 
 @pytest.mark.vllm
 def test_shutdown_timeout_is_logged(default_python, sim_env):
-    out = run_json(default_python, SIMULATE.replace(
-        "cfg = VllmConfig()", "del events[:]\ncfg = VllmConfig()\nworker_log = list(events)").replace(
-        "reverted=reverted)", "reverted=reverted, worker_log=worker_log)"), env=sim_env)
+    out = run_json(
+        default_python,
+        SIMULATE.replace(
+            "cfg = VllmConfig()", "del events[:]\ncfg = VllmConfig()\nworker_log = list(events)"
+        ).replace("reverted=reverted)", "reverted=reverted, worker_log=worker_log)"),
+        env=sim_env,
+    )
     assert "log:XPU platform: set server shutdown_timeout=5." in out["worker_log"]
 
 
 @pytest.mark.vllm
 def test_cpu_platform_on_vllm_0240_is_not_applicable(default_python, sim_env):
-    out = run_json(default_python, """
+    out = run_json(
+        default_python,
+        """
 import json, vllm.v1.worker.xpu_worker as xw
 from vllm_intel.patches.xpu_shutdown import PATCH
 print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason,
                       added="shutdown" in vars(xw.XPUWorker))))
-""", env=sim_env)
+""",
+        env=sim_env,
+    )
     assert out == dict(state="not-applicable", reason="platform is cpu, not xpu", added=False)
 
 
@@ -133,21 +140,26 @@ print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason,
 @pytest.mark.parametrize("version", ["0.32.0", "0.27.1"])
 def test_fixed_releases_report_upstream(vllm_python, version):
     """Even with a simulated XPU platform, releases carrying PR #46433 are left alone."""
-    out = run_json(vllm_python(version), """
+    out = run_json(
+        vllm_python(version),
+        """
 import json
 import vllm.platforms as platforms
 platforms._current_platform = type("FakeXPU", (), {"is_xpu": lambda self: True,
                                                    "device_type": "xpu"})()
 from vllm_intel.patches.xpu_shutdown import PATCH, missing_pieces
 print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason, missing=missing_pieces())))
-""")
+""",
+    )
     assert out == dict(state="upstream", reason="vLLM carries PR #46433", missing=[])
 
 
 def test_cumem_guard_hides_cuda_allocator_off_cuda(default_python):
     """A release whose Worker.shutdown releases cumem pools unconditionally (between 0.24 and the
     fix): on XPU the wrapped shutdown must not reach CuMemAllocator; on CUDA it must."""
-    out = run_json(default_python, """
+    out = run_json(
+        default_python,
+        """
 import json, types
 import vllm.platforms as platforms
 from vllm.device_allocator.cumem import CuMemAllocator
@@ -173,7 +185,8 @@ for name, cuda in (("xpu", False), ("cuda", True)):
     PATCH.revert()
 res["restored"] = gpu_worker.Worker.shutdown is unguarded_shutdown
 print(json.dumps(res))
-""")
+""",
+    )
     assert out["xpu"] == dict(calls=[], instance_kept=True)
     assert out["cuda"] == dict(calls=["release_pools"], instance_kept=True)
     assert out["restored"] is True

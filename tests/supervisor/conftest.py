@@ -18,7 +18,6 @@ from tests.harness import ROOT, free_port
 FAKE = pathlib.Path(__file__).resolve().parent / "fake_vllm"
 
 
-
 class Run:
     def __init__(self, tmp: pathlib.Path, env: dict[str, str], args: list[str] | None = None):
         self.tmp = tmp
@@ -26,14 +25,22 @@ class Run:
         self.model = tmp / "model"
         self.model.mkdir(exist_ok=True)
         (tmp / "shm").mkdir(exist_ok=True)
-        self.env = dict(os.environ, PYTHONPATH=str(FAKE), TMPDIR=str(tmp),
-                        INTEL_VLLM_STATE_FILE=str(tmp / "state.json"),
-                        INTEL_VLLM_SHM_DIR=str(tmp / "shm"))
+        self.env = dict(
+            os.environ,
+            PYTHONPATH=str(FAKE),
+            TMPDIR=str(tmp),
+            INTEL_VLLM_STATE_FILE=str(tmp / "state.json"),
+            INTEL_VLLM_SHM_DIR=str(tmp / "shm"),
+        )
         self.env.update({"INTEL_VLLM_DRAIN_TIMEOUT": "1", **env})
         argv = args if args is not None else ["serve", str(self.model), "--port", str(self.port)]
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "entrypoint.py"), *argv],
-                                     env=self.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "entrypoint.py"), *argv],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def wait_for(self, predicate, timeout: float = 30.0) -> None:
         end = time.monotonic() + timeout
@@ -47,15 +54,18 @@ class Run:
 
     def state(self) -> str | None:
         import json
+
         try:
             return json.loads((self.tmp / "state.json").read_text())["state"]
         except (OSError, ValueError):
             return None
 
     def probe(self, kind: str) -> int:
-        return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "probe", kind,
-                               "--port", str(self.port)], env=self.env,
-                              capture_output=True).returncode
+        return subprocess.run(
+            [sys.executable, str(ROOT / "entrypoint.py"), "probe", kind, "--port", str(self.port)],
+            env=self.env,
+            capture_output=True,
+        ).returncode
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)

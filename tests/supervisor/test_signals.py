@@ -18,8 +18,18 @@ def received_at(out: str, sig: str) -> float:
     """Wall-clock time the fake vLLM got `sig` (it prints `got SIGTERM at T`)."""
     return float(re.search(rf"got {sig} at ([0-9.]+)", out).group(1))
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
-                                 signal.SIGWINCH, signal.SIGRTMIN])
+
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGHUP,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGQUIT,
+        signal.SIGWINCH,
+        signal.SIGRTMIN,
+    ],
+)
 def test_other_signals_are_forwarded_to_vllm(run, sig):
     r = run()
     r.wait_for(lambda: r.state() == "SERVING")
@@ -32,7 +42,9 @@ def test_other_signals_are_forwarded_to_vllm(run, sig):
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-@pytest.mark.parametrize("on_term,expected", [("exit:0", 0), ("exit:3", 3), ("die:SIGSEGV", 128 + 11)])
+@pytest.mark.parametrize(
+    "on_term,expected", [("exit:0", 0), ("exit:3", 3), ("die:SIGSEGV", 128 + 11)]
+)
 def test_stop_signal_drains_once_and_returns_vllms_code(run, stop, on_term, expected):
     r = run({"FAKE_ON_TERM": on_term, "FAKE_DRAIN": "0.5"})
     r.wait_for(lambda: r.state() == "SERVING")
@@ -155,18 +167,33 @@ def test_nothing_is_left_behind_and_stale_leftovers_are_removed(run, tmp_path):
     assert not (tmp_path / "state.json").exists()
 
 
-@pytest.mark.parametrize("env,args,message", [
-    ({"INTEL_VLLM_DRAIN_TIMEOUT": "abc"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
-    ({"INTEL_VLLM_DRAIN_TIMEOUT": "-1"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
-    ({"INTEL_VLLM_DRAIN_TIMEOUT": "1.5"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
-    ({"INTEL_VLLM_DEVICE": "gpu"}, None, "INTEL_VLLM_DEVICE must be cpu or xpu"),
-    ({}, ["serve", "/no/such/model"], "model path /no/such/model does not exist"),
-    ({}, ["serve", "./missing", "--port", "1"], "model path ./missing does not exist"),
-    ({}, ["serve", "/tmp", "--shutdown-timeout", "soon"], "--shutdown-timeout must be a whole"),
-    ({}, ["serve", "/tmp", "--port"], "--port needs a value"),
-    ({}, ["frobnicate"], "unknown subcommand 'frobnicate'"),
-    ({}, ["probe", "maybe"], "probe takes `ready` or `live`"),
-])
+@pytest.mark.parametrize(
+    "env,args,message",
+    [
+        (
+            {"INTEL_VLLM_DRAIN_TIMEOUT": "abc"},
+            None,
+            "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number",
+        ),
+        (
+            {"INTEL_VLLM_DRAIN_TIMEOUT": "-1"},
+            None,
+            "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number",
+        ),
+        (
+            {"INTEL_VLLM_DRAIN_TIMEOUT": "1.5"},
+            None,
+            "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number",
+        ),
+        ({"INTEL_VLLM_DEVICE": "gpu"}, None, "INTEL_VLLM_DEVICE must be cpu or xpu"),
+        ({}, ["serve", "/no/such/model"], "model path /no/such/model does not exist"),
+        ({}, ["serve", "./missing", "--port", "1"], "model path ./missing does not exist"),
+        ({}, ["serve", "/tmp", "--shutdown-timeout", "soon"], "--shutdown-timeout must be a whole"),
+        ({}, ["serve", "/tmp", "--port"], "--port needs a value"),
+        ({}, ["frobnicate"], "unknown subcommand 'frobnicate'"),
+        ({}, ["probe", "maybe"], "probe takes `ready` or `live`"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_64(run, env, args, message):
     r = run(env, args)
     code, out, took = r.finish()
@@ -179,12 +206,17 @@ def test_bad_input_is_one_line_and_exit_64(run, env, args, message):
 
 def test_vllm_not_installed_is_127(tmp_path):
     import subprocess
+
     bare = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     model = tmp_path / "m"
     model.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([bare, "-I", str(ROOT / "entrypoint.py"), "serve", str(model)],
-                         capture_output=True, text=True, env=env)
+    res = subprocess.run(
+        [bare, "-I", str(ROOT / "entrypoint.py"), "serve", str(model)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if "vLLM is not installed" not in res.stderr:
         pytest.fail(f"{bare} unexpectedly has vLLM; output: {res.stderr}")
     assert res.returncode == 127
@@ -193,10 +225,15 @@ def test_vllm_not_installed_is_127(tmp_path):
 
 def test_grace_period_follows_the_formula(tmp_path):
     import subprocess
+
     def grace(**env):
-        return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "grace-period"],
-                              capture_output=True, text=True,
-                              env=dict(os.environ, **env)).stdout.strip()
+        return subprocess.run(
+            [sys.executable, str(ROOT / "entrypoint.py"), "grace-period"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, **env),
+        ).stdout.strip()
+
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="30") == "45"
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="120") == "135"
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="0", INTEL_VLLM_DEVICE="xpu") == "20"
@@ -218,13 +255,22 @@ def test_live_shared_memory_of_other_processes_is_never_removed(run, tmp_path):
     """Segments and semaphores that some process still uses stay, whatever their age; glibc maps
     a semaphore under a temporary name, so this needs the inode check."""
     import subprocess
-    holder = subprocess.Popen([sys.executable, "-c", """
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            """
 import multiprocessing as mp, multiprocessing.shared_memory as sm, sys, time
 lock = mp.get_context("spawn").Lock()     # a named semaphore /dev/shm/sem.mp-*
 seg = sm.SharedMemory(create=True, size=4096)  # /dev/shm/psm_*
 print(lock._semlock.name, seg.name, flush=True)
 time.sleep(60)
-"""], stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         sem, seg = holder.stdout.readline().split()
         sem_path = pathlib.Path("/dev/shm/sem." + sem.lstrip("/"))
@@ -242,6 +288,7 @@ time.sleep(60)
 
 def test_vllm_does_not_outlive_a_killed_supervisor(run):
     import json
+
     r = run()
     r.wait_for(lambda: r.state() == "SERVING")
     child = json.loads((r.tmp / "state.json").read_text())["child"]
@@ -290,8 +337,9 @@ def test_http_probes_follow_the_state(run):
         except OSError:
             return 0
 
-    r = run({"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "2",
-             "INTEL_VLLM_PROBE_PORT": str(probe_port)})
+    r = run(
+        {"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "2", "INTEL_VLLM_PROBE_PORT": str(probe_port)}
+    )
     r.wait_for(lambda: r.state() == "STARTING" and status("live") != 0)
     assert status("ready") == 503 and status("live") == 200
     r.wait_for(lambda: r.state() == "SERVING")

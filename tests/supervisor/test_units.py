@@ -11,12 +11,13 @@ import pytest
 from vllm_intel.supervisor import janitor, loop, observe, probes, settings
 from vllm_intel.supervisor.settings import ConfigError, Exit
 
-
 # ---------------------------------------------------------------------------------- settings
 
+
 def test_serve_config_adds_the_drain_as_shutdown_timeout(tmp_path):
-    cfg = settings.serve_config([str(tmp_path), "--port", "9001"],
-                                env={"INTEL_VLLM_DRAIN_TIMEOUT": "7"})
+    cfg = settings.serve_config(
+        [str(tmp_path), "--port", "9001"], env={"INTEL_VLLM_DRAIN_TIMEOUT": "7"}
+    )
     assert cfg.port == 9001 and cfg.drain == 7
     assert cfg.argv[-4:] == ["--port", "9001", "--shutdown-timeout", "7"]
     assert cfg.argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
@@ -29,19 +30,23 @@ def test_users_shutdown_timeout_is_the_drain(tmp_path):
 
 
 def test_xpu_raises_a_short_drain_and_rewrites_the_flag(tmp_path):
-    cfg = settings.serve_config([str(tmp_path), "--shutdown-timeout", "0"],
-                                env={"INTEL_VLLM_DEVICE": "xpu"})
+    cfg = settings.serve_config(
+        [str(tmp_path), "--shutdown-timeout", "0"], env={"INTEL_VLLM_DEVICE": "xpu"}
+    )
     assert cfg.drain == settings.XPU_MIN_DRAIN_S and cfg.notes
     assert cfg.argv[-2:] == ["--shutdown-timeout", str(settings.XPU_MIN_DRAIN_S)]
     assert cfg.argv.count("--shutdown-timeout") == 1
 
 
-@pytest.mark.parametrize("env,args,message", [
-    ({"INTEL_VLLM_DRAIN_TIMEOUT": "1.5"}, ["/"], "whole number"),
-    ({"INTEL_VLLM_DEVICE": "gpu"}, ["/"], "cpu or xpu"),
-    ({}, ["/no/such/model"], "does not exist"),
-    ({}, ["/", "--port"], "--port needs a value"),
-])
+@pytest.mark.parametrize(
+    "env,args,message",
+    [
+        ({"INTEL_VLLM_DRAIN_TIMEOUT": "1.5"}, ["/"], "whole number"),
+        ({"INTEL_VLLM_DEVICE": "gpu"}, ["/"], "cpu or xpu"),
+        ({}, ["/no/such/model"], "does not exist"),
+        ({}, ["/", "--port"], "--port needs a value"),
+    ],
+)
 def test_bad_settings_raise_config_error(env, args, message):
     with pytest.raises(ConfigError, match=message):
         settings.serve_config(args, env=env)
@@ -54,33 +59,58 @@ def test_grace_is_drain_plus_teardown_plus_margin():
 
 def test_state_file_default_and_override():
     assert settings.state_file(8123, env={}).name == "vllm-intel-8123.state.json"
-    assert settings.state_file(1, env={"INTEL_VLLM_STATE_FILE": "/x/s.json"}) == \
-        pathlib.Path("/x/s.json")
+    assert settings.state_file(1, env={"INTEL_VLLM_STATE_FILE": "/x/s.json"}) == pathlib.Path(
+        "/x/s.json"
+    )
 
 
 # ---------------------------------------------------------------------------------- exit codes
 
-@pytest.mark.parametrize("rc,stop,escalated,expected", [
-    (0, True, False, 0),  # clean drain
-    (3, True, False, 3),  # vLLM's own code after a stop request
-    (-11, True, False, 139),  # died of SIGSEGV
-    (0, False, False, Exit.UNEXPECTED),  # exited by itself: must be restarted
-    (5, False, False, 5),
-    (-9, True, True, Exit.FORCED),  # we killed the group
-    (0, True, True, 0),  # exited cleanly during the escalation
-])
+
+@pytest.mark.parametrize(
+    "rc,stop,escalated,expected",
+    [
+        (0, True, False, 0),  # clean drain
+        (3, True, False, 3),  # vLLM's own code after a stop request
+        (-11, True, False, 139),  # died of SIGSEGV
+        (0, False, False, Exit.UNEXPECTED),  # exited by itself: must be restarted
+        (5, False, False, 5),
+        (-9, True, True, Exit.FORCED),  # we killed the group
+        (0, True, True, 0),  # exited cleanly during the escalation
+    ],
+)
 def test_exit_code_mapping(rc, stop, escalated, expected):
     assert settings.exit_code(rc, stop_requested=stop, escalated=escalated) == expected
 
 
 # ---------------------------------------------------------------------------------- signals
 
+
 def test_every_catchable_signal_but_ours_is_forwarded():
-    assert {signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGWINCH,
-            signal.SIGALRM, signal.SIGPWR, signal.SIGCONT, signal.SIGRTMIN,
-            signal.SIGRTMAX} <= loop.FORWARDED
-    assert not ({signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGKILL, signal.SIGSTOP,
-                 signal.SIGTSTP, signal.SIGSEGV} & loop.FORWARDED)
+    assert {
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGWINCH,
+        signal.SIGALRM,
+        signal.SIGPWR,
+        signal.SIGCONT,
+        signal.SIGRTMIN,
+        signal.SIGRTMAX,
+    } <= loop.FORWARDED
+    assert not (
+        {
+            signal.SIGTERM,
+            signal.SIGINT,
+            signal.SIGCHLD,
+            signal.SIGKILL,
+            signal.SIGSTOP,
+            signal.SIGTSTP,
+            signal.SIGSEGV,
+        }
+        & loop.FORWARDED
+    )
     assert loop.WATCHED == loop.FORWARDED | loop.STOPPING | {signal.SIGCHLD}
 
 
@@ -102,8 +132,12 @@ vllm:request_success_created{engine="0",finished_reason="stop",model_name="m"} 1
 
 
 def test_metrics_counts_sum_engines_and_split_aborts():
-    assert observe.parse_counts(METRICS) == {"running": 5.0, "waiting": 1.0, "finished": 14.0,
-                                             "aborted": 2.0}
+    assert observe.parse_counts(METRICS) == {
+        "running": 5.0,
+        "waiting": 1.0,
+        "finished": 14.0,
+        "aborted": 2.0,
+    }
 
 
 def test_observer_summary_is_relative_to_the_drain():
@@ -111,11 +145,14 @@ def test_observer_summary_is_relative_to_the_drain():
     assert obs.summary() == ""  # never counted (vLLM was not serving)
     obs.at_drain = observe.parse_counts(METRICS)
     obs.last = dict(obs.at_drain, running=0.0, waiting=1.0, finished=19.0, aborted=3.0)
-    assert obs.summary() == ("; 6 in flight at SIGTERM, 5 finished, 1 aborted, 1 still running "
-                             "(as last seen in /metrics)")
+    assert obs.summary() == (
+        "; 6 in flight at SIGTERM, 5 finished, 1 aborted, 1 still running "
+        "(as last seen in /metrics)"
+    )
 
 
 # ---------------------------------------------------------------------------------- janitor
+
 
 def _shm(tmp_path):
     shm = tmp_path / "shm"
@@ -140,8 +177,7 @@ def test_sweep_keeps_what_a_process_maps_and_what_is_not_vllms(tmp_path):
 def test_sweep_at_exit_only_looks_at_this_runs_segments(tmp_path):
     shm = _shm(tmp_path)
     (tmp_path / f"{settings.RUN_DIR_PREFIX}other").mkdir()
-    found = janitor.stale(shm, tmp_path, only={"psm_0a1b"}, in_use=set,
-                          identity=lambda pid: "")
+    found = janitor.stale(shm, tmp_path, only={"psm_0a1b"}, in_use=set, identity=lambda pid: "")
     assert [p.name for p in found] == ["psm_0a1b"]  # and no run directory
 
 
@@ -153,8 +189,12 @@ def test_run_dirs_of_live_supervisors_stay_even_when_the_pid_is_reused(tmp_path)
             raise ProcessLookupError(pid)
         return table[pid]
 
-    for name, recorded in (("alive", "41 1000.00"), ("reused", "42 1500.00"),
-                           ("dead", "43 10.00"), ("unreadable", None)):
+    for name, recorded in (
+        ("alive", "41 1000.00"),
+        ("reused", "42 1500.00"),
+        ("dead", "43 10.00"),
+        ("unreadable", None),
+    ):
         d = tmp_path / f"{settings.RUN_DIR_PREFIX}{name}"
         d.mkdir()
         if recorded:
@@ -182,15 +222,19 @@ def test_identity_tells_a_process_from_a_reused_pid():
 
 # ---------------------------------------------------------------------------------- probes
 
-@pytest.mark.parametrize("kind,state,healthy,ok", [
-    ("ready", "STARTING", True, False),
-    ("ready", "SERVING", True, True),
-    ("ready", "SERVING", False, False),
-    ("ready", "DRAINING", True, False),  # out of rotation the moment the drain starts
-    ("live", "STARTING", False, True),  # loading is alive
-    ("live", "DRAINING", True, True),  # draining is alive
-    ("live", "DRAINING", False, False),
-    ("live", "KILLING", True, False),
-])
+
+@pytest.mark.parametrize(
+    "kind,state,healthy,ok",
+    [
+        ("ready", "STARTING", True, False),
+        ("ready", "SERVING", True, True),
+        ("ready", "SERVING", False, False),
+        ("ready", "DRAINING", True, False),  # out of rotation the moment the drain starts
+        ("live", "STARTING", False, True),  # loading is alive
+        ("live", "DRAINING", True, True),  # draining is alive
+        ("live", "DRAINING", False, False),
+        ("live", "KILLING", True, False),
+    ],
+)
 def test_probe_decisions(kind, state, healthy, ok):
     assert probes.decide(kind, state, healthy) is ok

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import types
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

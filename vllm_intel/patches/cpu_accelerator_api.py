@@ -81,6 +81,7 @@ class AcceleratorUnavailableError(RuntimeError):
 def _noop(name: str, result=None):
     def fn(*args, **kwargs):
         return result() if callable(result) else result
+
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"vllm-intel CPU equivalent of torch.accelerator.{name}: returns {result!r}."
     return fn
@@ -89,6 +90,7 @@ def _noop(name: str, result=None):
 def _error(name: str, why: str):
     def fn(*args, **kwargs):
         raise AcceleratorUnavailableError(f"{name}()", why)
+
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"vllm-intel: torch.accelerator.{name} has no CPU equivalent ({why})."
     return fn
@@ -111,8 +113,9 @@ def _make_classes():
 
         def __enter__(self):
             if self._idx is not None:
-                raise AcceleratorUnavailableError(f"device_index({self._idx!r})",
-                                                  "there is no device to switch to")
+                raise AcceleratorUnavailableError(
+                    f"device_index({self._idx!r})", "there is no device to switch to"
+                )
             return None
 
         def __exit__(self, *exc):
@@ -168,7 +171,10 @@ class CpuAcceleratorApi(Patch):
 
     def check(self) -> tuple[str, str]:
         if torch.accelerator.is_available():
-            return NOT_APPLICABLE, f"accelerator present ({torch.accelerator.current_accelerator()})"
+            return (
+                NOT_APPLICABLE,
+                f"accelerator present ({torch.accelerator.current_accelerator()})",
+            )
         try:
             torch.accelerator.synchronize()
             eager_ok = True

@@ -88,16 +88,24 @@ def probe(args: list[str]) -> int:
     return run_probe(args)
 
 
-COMMANDS = {"serve": serve, "patches": patches, "probe": probe, "grace-period": grace_period,
-            "-h": show_help, "--help": show_help, "help": show_help}
+COMMANDS = {
+    "serve": serve,
+    "patches": patches,
+    "probe": probe,
+    "grace-period": grace_period,
+    "-h": show_help,
+    "--help": show_help,
+    "help": show_help,
+}
 
 
 def main(argv: list[str]) -> int:
     cmd, rest = (argv[0], argv[1:]) if argv else ("serve", [])
     try:
         if cmd not in COMMANDS:
-            raise ConfigError(f"unknown subcommand {cmd!r} (expected serve, patches, probe, "
-                              "grace-period)")
+            raise ConfigError(
+                f"unknown subcommand {cmd!r} (expected serve, patches, probe, grace-period)"
+            )
         return COMMANDS[cmd](rest)
     except ConfigError as e:
         print(f"entrypoint.py: {e}", file=sys.stderr)

@@ -32,26 +32,36 @@ def usage() -> str:
     return f"```\n{settings.USAGE}\n```"
 
 
-BLOCKS = {"usage": usage, "settings": settings_table, "shutdown": shutdown,
-          "exit-codes": exit_codes}
+BLOCKS = {
+    "usage": usage,
+    "settings": settings_table,
+    "shutdown": shutdown,
+    "exit-codes": exit_codes,
+}
 FILES = ("README.md", "docs/CONVENTIONS.md")
 
 
 def help_text() -> str:
     """`entrypoint.py --help`."""
-    plain_exit = "\n".join(f"  {code:<11} {re.sub('`', '', meaning)}"
-                           for code, meaning in settings.EXIT_CODES)
-    plain_settings = "\n".join(f"  {s.name.replace('`', '')}  (default {s.default.strip('`')})"
-                               for s in settings.SETTINGS)
-    return (f"Run `vllm serve` under a PID-1 supervisor that drains on SIGTERM and never hangs.\n\n"
-            f"Usage:\n{settings.USAGE}\n\nSettings:\n{plain_settings}\n\n"
-            f"Shutdown timing:\n{settings.SHUTDOWN_FORMULA}\n\nExit codes:\n{plain_exit}")
+    plain_exit = "\n".join(
+        f"  {code:<11} {re.sub('`', '', meaning)}" for code, meaning in settings.EXIT_CODES
+    )
+    plain_settings = "\n".join(
+        f"  {s.name.replace('`', '')}  (default {s.default.strip('`')})" for s in settings.SETTINGS
+    )
+    return (
+        f"Run `vllm serve` under a PID-1 supervisor that drains on SIGTERM and never hangs.\n\n"
+        f"Usage:\n{settings.USAGE}\n\nSettings:\n{plain_settings}\n\n"
+        f"Shutdown timing:\n{settings.SHUTDOWN_FORMULA}\n\nExit codes:\n{plain_exit}"
+    )
 
 
 def render(text: str) -> str:
     """text with every generated block replaced by its current rendering."""
+
     def one(m: re.Match) -> str:
         return f"<!-- generated:{m.group(1)} -->\n{BLOCKS[m.group(1)]()}\n<!-- end:{m.group(1)} -->"
+
     return re.sub(r"<!-- generated:([\w-]+) -->\n.*?<!-- end:\1 -->", one, text, flags=re.S)
 
 

@@ -17,8 +17,11 @@ import psutil
 from .settings import RUN_DIR_PREFIX
 
 # Names vLLM (multiprocessing) gives its shared memory segments and semaphores in /dev/shm.
-SHM_PATTERNS = (re.compile(r"^psm_[0-9a-f]+$"), re.compile(r"^sem\.mp-\w+$"),
-                re.compile(r"^wnsm_\w+$"))
+SHM_PATTERNS = (
+    re.compile(r"^psm_[0-9a-f]+$"),
+    re.compile(r"^sem\.mp-\w+$"),
+    re.compile(r"^wnsm_\w+$"),
+)
 PID_FILE = "supervisor.pid"
 
 
@@ -56,7 +59,7 @@ def files_in_use(processes: Iterable[psutil.Process] | None = None) -> set[tuple
 
 
 def process_identity(pid: int) -> str:
-    """"PID STARTTIME": tells a live process from a later one that reuses its pid (in a restarted
+    """ "PID STARTTIME": tells a live process from a later one that reuses its pid (in a restarted
     container the supervisor is PID 1 every time)."""
     return f"{pid} {psutil.Process(pid).create_time():.2f}"
 
@@ -69,18 +72,25 @@ def _alive(identity: Callable[[int], str], recorded: str) -> bool:
         return False  # no such process, or no readable pid: stale
 
 
-def stale(shm_dir: pathlib.Path, tmp_dir: pathlib.Path, only: set[str] | None = None, *,
-          in_use: Callable[[], set[tuple[int, int]]] = files_in_use,
-          identity: Callable[[int], str] = process_identity) -> list[pathlib.Path]:
+def stale(
+    shm_dir: pathlib.Path,
+    tmp_dir: pathlib.Path,
+    only: set[str] | None = None,
+    *,
+    in_use: Callable[[], set[tuple[int, int]]] = files_in_use,
+    identity: Callable[[int], str] = process_identity,
+) -> list[pathlib.Path]:
     """vLLM shm segments and run directories that no live process uses (nothing is removed).
 
     `only` limits the shm candidates (at exit: the segments created during this run) and skips
     the run directories."""
     # List first, then look at what is in use: a segment or semaphore is mapped (or open) before
     # its name appears, so one created between the two steps is never taken for stale.
-    candidates = [entry for entry in (sorted(shm_dir.iterdir()) if shm_dir.is_dir() else [])
-                  if (only is None or entry.name in only)
-                  and any(p.match(entry.name) for p in SHM_PATTERNS)]
+    candidates = [
+        entry
+        for entry in (sorted(shm_dir.iterdir()) if shm_dir.is_dir() else [])
+        if (only is None or entry.name in only) and any(p.match(entry.name) for p in SHM_PATTERNS)
+    ]
     used = in_use()
     found = []
     for entry in candidates:

@@ -22,10 +22,24 @@ STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
 # Not forwarded: SIGCHLD (ours), the job-control stop signals (a stopped vLLM would hold every
 # request), faults raised by our own code, SIGPIPE (raised by our own writes to a closed log
 # pipe) and what cannot be caught at all.
-NOT_FORWARDED = frozenset({
-    signal.SIGCHLD, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU, signal.SIGKILL,
-    signal.SIGSTOP, signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT,
-    signal.SIGTRAP, signal.SIGSYS, signal.SIGPIPE})
+NOT_FORWARDED = frozenset(
+    {
+        signal.SIGCHLD,
+        signal.SIGTSTP,
+        signal.SIGTTIN,
+        signal.SIGTTOU,
+        signal.SIGKILL,
+        signal.SIGSTOP,
+        signal.SIGSEGV,
+        signal.SIGBUS,
+        signal.SIGILL,
+        signal.SIGFPE,
+        signal.SIGABRT,
+        signal.SIGTRAP,
+        signal.SIGSYS,
+        signal.SIGPIPE,
+    }
+)
 FORWARDED = frozenset(signal.valid_signals()) - NOT_FORWARDED - STOPPING
 WATCHED = FORWARDED | STOPPING | {signal.SIGCHLD}
 
@@ -70,8 +84,13 @@ class Supervisor:
         signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
 
     def write_state(self) -> None:
-        data = {"state": self.state.value, "pid": os.getpid(), "port": self.port,
-                "child": self.child.pid if self.child else None, "drain": self.drain}
+        data = {
+            "state": self.state.value,
+            "pid": os.getpid(),
+            "port": self.port,
+            "child": self.child.pid if self.child else None,
+            "drain": self.drain,
+        }
         tmp = self.state_path.with_name(self.state_path.name + ".tmp")
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,14 +107,17 @@ class Supervisor:
     # -- spawn ----------------------------------------------------------------------------
     def spawn(self, env: dict[str, str]) -> int | None:
         try:
-            self.child = subprocess.Popen(self.argv, env=env, start_new_session=True,
-                                          preexec_fn=_child_setup)
+            self.child = subprocess.Popen(
+                self.argv, env=env, start_new_session=True, preexec_fn=_child_setup
+            )
         except OSError as e:
             log(f"cannot execute {self.argv[0]}: {e}")
             return Exit.CANNOT_EXEC
-        self.set_state(State.STARTING,
-                       f"vllm serve pid {self.child.pid}, port {self.port}, drain {self.drain} s, "
-                       f"deadline {settings.deadline(self.drain)} s after SIGTERM")
+        self.set_state(
+            State.STARTING,
+            f"vllm serve pid {self.child.pid}, port {self.port}, drain {self.drain} s, "
+            f"deadline {settings.deadline(self.drain)} s after SIGTERM",
+        )
         self.observer.start()
         return None
 
@@ -130,16 +152,20 @@ class Supervisor:
         self.kill_at = now + settings.deadline(self.drain)
         self.escalate_at = self.kill_at - KILL_GRACE_S
         self.observer.begin_drain(serving=self.state == State.SERVING)
-        self.set_state(State.DRAINING,
-                       f"{signal.Signals(sig).name} received, forwarded to vLLM; drain window "
-                       f"{self.drain} s, hard deadline {settings.deadline(self.drain)} s")
+        self.set_state(
+            State.DRAINING,
+            f"{signal.Signals(sig).name} received, forwarded to vLLM; drain window "
+            f"{self.drain} s, hard deadline {settings.deadline(self.drain)} s",
+        )
 
     def escalate(self, now: float) -> None:
         self.escalated = True
         self.kill_at = min(self.kill_at or now + KILL_GRACE_S, now + KILL_GRACE_S)
         self.signal_group(signal.SIGTERM)
-        self.set_state(State.KILLING, f"SIGTERM to process group, SIGKILL in "
-                                      f"{max(self.kill_at - now, 0):.0f} s")
+        self.set_state(
+            State.KILLING,
+            f"SIGTERM to process group, SIGKILL in {max(self.kill_at - now, 0):.0f} s",
+        )
 
     def reap(self) -> None:
         while True:
@@ -155,8 +181,10 @@ class Supervisor:
     def check_deadline(self) -> None:
         now = time.monotonic()
         if self.escalate_at is not None and now >= self.escalate_at and not self.escalated:
-            log(f"deadline: vLLM did not exit {self.escalate_at - self.stop_requested_at:.0f} s "
-                "after SIGTERM")
+            log(
+                f"deadline: vLLM did not exit {self.escalate_at - self.stop_requested_at:.0f} s "
+                "after SIGTERM"
+            )
             self.escalate(now)
         if self.kill_at is not None and self.escalated and now >= self.kill_at:
             self.signal_group(signal.SIGKILL)
@@ -192,8 +220,11 @@ class Supervisor:
 
     def finish(self) -> int:
         self.observer.stop()
-        code = settings.exit_code(self.returncode, stop_requested=self.stop_requested_at is not None,
-                                  escalated=self.escalated)
+        code = settings.exit_code(
+            self.returncode,
+            stop_requested=self.stop_requested_at is not None,
+            escalated=self.escalated,
+        )
         # multiprocessing's resource tracker exits by itself right after the API server (and
         # unlinks what vLLM leaked); anything still there after ORPHAN_GRACE_S is an orphan.
         self.wait_group(0 if self.escalated else ORPHAN_GRACE_S)
@@ -217,8 +248,9 @@ class Supervisor:
         if self.stop_requested_at is None:
             return f"exit {code}: vLLM {how} without a stop request"
         took = time.monotonic() - self.stop_requested_at
-        return (f"exit {code}: vLLM {how} {took:.1f} s after the stop request"
-                + self.observer.summary())
+        return (
+            f"exit {code}: vLLM {how} {took:.1f} s after the stop request" + self.observer.summary()
+        )
 
 
 def reap_all() -> None:

@@ -94,7 +94,7 @@ class Observer(threading.Thread):
         self.wake.set()
 
     def summary(self) -> str:
-        """"; N in flight at SIGTERM, ..." for the exit line, or "" if never counted."""
+        """ "; N in flight at SIGTERM, ..." for the exit line, or "" if never counted."""
         first, last = self.at_drain, self.last
         if first is None:
             return ""
@@ -102,6 +102,8 @@ class Observer(threading.Thread):
         finished = int(last["finished"] - first["finished"])
         aborted = int(last["aborted"] - first["aborted"])
         running = int(last["running"] + last["waiting"])
-        return (f"; {inflight} in flight at SIGTERM, {finished} finished, {aborted} aborted"
-                + (f", {running} still running" if running else "")
-                + " (as last seen in /metrics)")
+        return (
+            f"; {inflight} in flight at SIGTERM, {finished} finished, {aborted} aborted"
+            + (f", {running} still running" if running else "")
+            + " (as last seen in /metrics)"
+        )

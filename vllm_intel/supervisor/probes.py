@@ -26,7 +26,8 @@ def decide(kind: str, state: str, vllm_healthy: bool) -> bool:
     if kind == "ready":
         return state == State.SERVING.value and vllm_healthy
     return state == State.STARTING.value or (
-        state in (State.SERVING.value, State.DRAINING.value) and vllm_healthy)
+        state in (State.SERVING.value, State.DRAINING.value) and vllm_healthy
+    )
 
 
 def probe(args: list[str], env=os.environ) -> int:
@@ -34,8 +35,11 @@ def probe(args: list[str], env=os.environ) -> int:
     if not args or args[0] not in KINDS:
         raise ConfigError("probe takes `ready` or `live`")
     port_s = settings.flag_value(args[1:], "--port")
-    port = settings.parse_seconds("--port", port_s) if port_s else int(
-        env.get("INTEL_VLLM_PORT", settings.DEFAULT_PORT))
+    port = (
+        settings.parse_seconds("--port", port_s)
+        if port_s
+        else int(env.get("INTEL_VLLM_PORT", settings.DEFAULT_PORT))
+    )
     try:
         data = json.loads(settings.state_file(port, env).read_text())
         os.kill(int(data["pid"]), 0)
@@ -45,12 +49,16 @@ def probe(args: list[str], env=os.environ) -> int:
     state = data["state"]
     ok_health = healthy(port, PROBE_TIMEOUT_S)
     ok = decide(args[0], state, ok_health)
-    print(f"{'' if ok else 'not '}{args[0]}: state {state}, "
-          f"/health {'ok' if ok_health else 'failing'}")
+    print(
+        f"{'' if ok else 'not '}{args[0]}: state {state}, "
+        f"/health {'ok' if ok_health else 'failing'}"
+    )
     return 0 if ok else 1
 
 
-def serve_http(probe_port: int, vllm_port: int, state: Callable[[], State]) -> http.server.HTTPServer:
+def serve_http(
+    probe_port: int, vllm_port: int, state: Callable[[], State]
+) -> http.server.HTTPServer:
     """Answer GET /ready and /live on probe_port from a daemon thread; returns the server."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
@@ -62,7 +70,8 @@ def serve_http(probe_port: int, vllm_port: int, state: Callable[[], State]) -> h
             current = state().value
             # Ask vLLM only when the answer depends on it (never once readiness is lost).
             ok = decide(kind, current, False) or (
-                decide(kind, current, True) and healthy(vllm_port, PROBE_TIMEOUT_S))
+                decide(kind, current, True) and healthy(vllm_port, PROBE_TIMEOUT_S)
+            )
             body = f"{'' if ok else 'not '}{kind}: state {current}\n".encode()
             self.send_response(200 if ok else 503)
             self.send_header("Content-Type", "text/plain")

@@ -59,12 +59,20 @@ grace    = DRAIN + TEARDOWN + MARGIN ({MARGIN_S} s) = {grace_period(DEFAULT_DRAI
 EXIT_CODES = (
     ("vLLM's own", "vLLM exited after a stop request: `0` after a clean drain"),
     ("128+N", "vLLM died of signal N"),
-    (str(Exit.CONFIG.value), "configuration error, nothing started (bad drain value, missing model "
-     "path, unknown subcommand, bad patch name, too long `TMPDIR`)"),
-    (str(Exit.UNEXPECTED.value), "vLLM exited without being asked to, even with code 0 (e.g. a "
-     "worker or the engine died): orchestrators must restart it"),
-    (str(Exit.FORCED.value), "forced kill: the deadline (or a second signal) made the entrypoint "
-     "kill the process group"),
+    (
+        str(Exit.CONFIG.value),
+        "configuration error, nothing started (bad drain value, missing model "
+        "path, unknown subcommand, bad patch name, too long `TMPDIR`)",
+    ),
+    (
+        str(Exit.UNEXPECTED.value),
+        "vLLM exited without being asked to, even with code 0 (e.g. a "
+        "worker or the engine died): orchestrators must restart it",
+    ),
+    (
+        str(Exit.FORCED.value),
+        "forced kill: the deadline (or a second signal) made the entrypoint kill the process group",
+    ),
     (str(Exit.CANNOT_EXEC.value), "vLLM could not be executed"),
     (str(Exit.NOT_FOUND.value), "vLLM is not installed for this Python"),
 )
@@ -92,24 +100,41 @@ class Setting:
 
 
 SETTINGS = (
-    Setting("INTEL_VLLM_DRAIN_TIMEOUT", f"`{DEFAULT_DRAIN_S}`",
-            "seconds in-flight requests get after SIGTERM; passed as `--shutdown-timeout` unless "
-            "you pass that flag yourself (then your value is the drain). On XPU never below "
-            f"{XPU_MIN_DRAIN_S} (logged when raised)."),
-    Setting("INTEL_VLLM_MODEL", "built-in tiny model",
-            "what `entrypoint.py` / `entrypoint.py serve` serve with no model argument"),
+    Setting(
+        "INTEL_VLLM_DRAIN_TIMEOUT",
+        f"`{DEFAULT_DRAIN_S}`",
+        "seconds in-flight requests get after SIGTERM; passed as `--shutdown-timeout` unless "
+        "you pass that flag yourself (then your value is the drain). On XPU never below "
+        f"{XPU_MIN_DRAIN_S} (logged when raised).",
+    ),
+    Setting(
+        "INTEL_VLLM_MODEL",
+        "built-in tiny model",
+        "what `entrypoint.py` / `entrypoint.py serve` serve with no model argument",
+    ),
     Setting("INTEL_VLLM_DEVICE", "`cpu`", "`cpu` or `xpu` (the XPU image sets it)"),
-    Setting("INTEL_VLLM_STATE_FILE", "`$TMPDIR/vllm-intel-<port>.state.json`",
-            "where the supervisor publishes its state for `probe`"),
-    Setting("INTEL_VLLM_PORT", f"`{DEFAULT_PORT}`",
-            "the port `probe` checks when it is given no `--port`"),
-    Setting("INTEL_VLLM_PROBE_PORT", "unset (off)",
-            "serve `GET /ready` and `GET /live` (200 or 503) on this port from the supervisor, "
-            "for HTTP probes"),
+    Setting(
+        "INTEL_VLLM_STATE_FILE",
+        "`$TMPDIR/vllm-intel-<port>.state.json`",
+        "where the supervisor publishes its state for `probe`",
+    ),
+    Setting(
+        "INTEL_VLLM_PORT",
+        f"`{DEFAULT_PORT}`",
+        "the port `probe` checks when it is given no `--port`",
+    ),
+    Setting(
+        "INTEL_VLLM_PROBE_PORT",
+        "unset (off)",
+        "serve `GET /ready` and `GET /live` (200 or 503) on this port from the supervisor, "
+        "for HTTP probes",
+    ),
     Setting("INTEL_VLLM_SHM_DIR", "`/dev/shm`", "where vLLM's shared memory leftovers are swept"),
-    Setting("INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
-            "all, none, off",
-            "patch allow list, deny list, strict mode (see docs/patches.md)"),
+    Setting(
+        "INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
+        "all, none, off",
+        "patch allow list, deny list, strict mode (see docs/patches.md)",
+    ),
 )
 
 USAGE = """\
@@ -180,11 +205,14 @@ def drain_seconds(flags: list[str] | None = None, env=os.environ) -> tuple[int, 
     if user is not None:
         drain = parse_seconds("--shutdown-timeout", user)
     else:
-        drain = parse_seconds("INTEL_VLLM_DRAIN_TIMEOUT",
-                              env.get("INTEL_VLLM_DRAIN_TIMEOUT", str(DEFAULT_DRAIN_S)))
+        drain = parse_seconds(
+            "INTEL_VLLM_DRAIN_TIMEOUT", env.get("INTEL_VLLM_DRAIN_TIMEOUT", str(DEFAULT_DRAIN_S))
+        )
     if device(env) == "xpu" and drain < XPU_MIN_DRAIN_S:
-        notes.append(f"drain raised from {drain} s to {XPU_MIN_DRAIN_S} s: XPU workers need it "
-                     "to release Level Zero / oneCCL resources")
+        notes.append(
+            f"drain raised from {drain} s to {XPU_MIN_DRAIN_S} s: XPU workers need it "
+            "to release Level Zero / oneCCL resources"
+        )
         drain = XPU_MIN_DRAIN_S
     return drain, notes
 
@@ -226,10 +254,13 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
         model = None  # the user named it with --model
     else:
         model = env.get("INTEL_VLLM_MODEL") or next(
-            (str(p) for p in BUILTIN_MODELS if (p / "config.json").exists()), None)
+            (str(p) for p in BUILTIN_MODELS if (p / "config.json").exists()), None
+        )
         if model is None:
-            raise ConfigError("no model given and the built-in model is missing "
-                              "(set INTEL_VLLM_MODEL, pass a model, or run `make setup`)")
+            raise ConfigError(
+                "no model given and the built-in model is missing "
+                "(set INTEL_VLLM_MODEL, pass a model, or run `make setup`)"
+            )
     for name in filter(None, [model, flag_value(flags, "--model")]):
         if looks_like_path(name) and not pathlib.Path(name).expanduser().exists():
             raise ConfigError(f"model path {name} does not exist")
@@ -237,9 +268,13 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
     port = parse_seconds("--port", port_s) if port_s is not None else DEFAULT_PORT
     drain, notes = drain_seconds(flags, env)
     if flag_value(flags, "--shutdown-timeout") is None or notes:
-        flags = [f for i, f in enumerate(flags)
-                 if not (f.startswith("--shutdown-timeout") or
-                         (i and flags[i - 1] == "--shutdown-timeout"))]
+        flags = [
+            f
+            for i, f in enumerate(flags)
+            if not (
+                f.startswith("--shutdown-timeout") or (i and flags[i - 1] == "--shutdown-timeout")
+            )
+        ]
         flags += ["--shutdown-timeout", str(drain)]
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
     return ServeConfig(argv + ([model] if model else []) + flags, port, drain, notes)
@@ -248,8 +283,10 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
 def check_tmpdir() -> None:
     tmp = tempfile.gettempdir()
     if len(tmp) > MAX_TMPDIR_LEN:
-        raise ConfigError(f"TMPDIR {tmp} is longer than {MAX_TMPDIR_LEN} characters: vLLM's IPC "
-                          "socket paths inside it would not fit a unix socket address")
+        raise ConfigError(
+            f"TMPDIR {tmp} is longer than {MAX_TMPDIR_LEN} characters: vLLM's IPC "
+            "socket paths inside it would not fit a unix socket address"
+        )
 
 
 def inductor_cache(env=os.environ) -> pathlib.Path:

@@ -29,9 +29,15 @@ ready_after = float(os.environ.get("FAKE_READY_AFTER", "0"))
 terms = []
 
 if os.environ.get("FAKE_ZOMBIE"):
-    subprocess.Popen([sys.executable, "-c", "import os,sys,time\nif os.fork() == 0:\n"
-                      " open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(1.5)",
-                      os.environ["FAKE_ZOMBIE"]]).wait()
+    subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os,sys,time\nif os.fork() == 0:\n"
+            " open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(1.5)",
+            os.environ["FAKE_ZOMBIE"],
+        ]
+    ).wait()
 
 
 def on_signal(sig, frame):
@@ -40,8 +46,19 @@ def on_signal(sig, frame):
         terms.append(time.monotonic())
 
 
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
-          signal.SIGWINCH, signal.SIGALRM, signal.SIGPWR, signal.SIGRTMIN, signal.SIGRTMAX):
+for s in (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGQUIT,
+    signal.SIGWINCH,
+    signal.SIGALRM,
+    signal.SIGPWR,
+    signal.SIGRTMIN,
+    signal.SIGRTMAX,
+):
     signal.signal(s, on_signal)
 
 
@@ -51,8 +68,10 @@ class Health(http.server.BaseHTTPRequestHandler):
             if os.environ.get("FAKE_METRICS") == "hang":
                 time.sleep(3600)
             running = os.environ.get("FAKE_RUNNING", "0")
-            body = (f"# TYPE vllm:num_requests_running gauge\n"
-                    f'vllm:num_requests_running{{model_name="m"}} {running}\n').encode()
+            body = (
+                f"# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+            ).encode()
             self.send_response(200)
             self.end_headers()
             self.wfile.write(body)
@@ -69,9 +88,14 @@ server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 
 if os.environ.get("FAKE_ORPHAN"):
-    child = subprocess.Popen([sys.executable, "-c",
-                              "import signal,time,os;signal.signal(signal.SIGTERM,signal.SIG_IGN);"
-                              "open(os.environ['FAKE_ORPHAN'],'w').write(str(os.getpid()));time.sleep(600)"])
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal,time,os;signal.signal(signal.SIGTERM,signal.SIG_IGN);"
+            "open(os.environ['FAKE_ORPHAN'],'w').write(str(os.getpid()));time.sleep(600)",
+        ]
+    )
 
 
 mode = os.environ.get("FAKE_ON_TERM", "exit:0")
@@ -83,7 +107,11 @@ while True:
         if time.monotonic() - start >= float(secs):
             print("fake vllm: exiting by itself", flush=True)
             os._exit(int(code))
-    if terms and mode != "ignore" and time.monotonic() - terms[0] >= float(os.environ.get("FAKE_DRAIN", "0")):
+    if (
+        terms
+        and mode != "ignore"
+        and time.monotonic() - terms[0] >= float(os.environ.get("FAKE_DRAIN", "0"))
+    ):
         kind, _, val = mode.partition(":")
         if kind == "die":
             signal.signal(getattr(signal, val), signal.SIG_DFL)
