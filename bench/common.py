@@ -14,12 +14,21 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from tests.harness import ROOT, Server, alive, descendants, free_port, shm_segments
+import psutil
+
+from tests.harness import (
+    DEFAULT_VLLM,
+    ROOT,
+    Server,
+    alive,
+    descendants,
+    free_port,
+    shm_segments,
+)
+from vllm_intel.supervisor import settings
 
 MODEL = ROOT / "build" / "tiny-llama"
 RESULTS = ROOT / "bench" / "results"
-DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
-OLD_VLLM = "0.27.1"
 
 
 def log(msg: str) -> None:
@@ -79,8 +88,7 @@ def start(
         # entrypoint.py keeps inductor's compiled kernels across runs in this directory; without
         # it a bare vLLM compiles them into the fresh TMPDIR each time: give it the same cache so
         # that only the supervisor differs.
-        cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "vllm-intel" / "torchinductor"))
+        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.inductor_cache()))
         vllm = pathlib.Path(python).parent / "vllm"
         argv = ([str(vllm)] if vllm.exists() else [python, "-m", "vllm.entrypoints.cli.main"]) + [
             "serve",
@@ -106,18 +114,17 @@ def launch(
     kind: str,
     flags: list[str],
     *,
-    version: str = DEFAULT_VLLM,
-    env: dict | None = None,
     name: str = "server",
     timeout: float = 400,
     retries: int = 1,
+    **start_args,
 ) -> tuple[Server, float]:
     """start() + ready(); a server that dies while starting is started again (`retries` times).
 
     Why: on a shared machine another process can break a start (e.g. another supervisor's
     stale-leftover sweep removing a semaphore a starting vLLM worker was about to open)."""
     for attempt in range(retries + 1):
-        s = start(kind, flags, version=version, env=env, name=f"{name}-try{attempt}")
+        s = start(kind, flags, name=f"{name}-try{attempt}", **start_args)
         try:
             return s, ready(s, timeout)
         except RuntimeError as e:
@@ -155,12 +162,9 @@ def stop(s: Server) -> None:
 
 def rss_kb(pid: int) -> int:
     try:
-        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return psutil.Process(pid).memory_info().rss // 1024
+    except psutil.Error:
+        return 0
 
 
 def tree_rss_kb(pid: int) -> int:

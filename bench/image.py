@@ -77,32 +77,16 @@ def build(ctx, timeout: float) -> tuple[float, list[str]]:
     return took, ran
 
 
+def not_measured(figure: str, unit: str, why: str, goal: str = "") -> Row:
+    return Row("image", figure, unit, ["not measured"], [], [], goal, None, note=why)
+
+
 def run(repeat: int, quick: bool) -> list[Row]:
     host, why = engine()
     if host is None:
         return [
-            Row(
-                "image",
-                "image size / venv size",
-                "",
-                ["not measured"],
-                [],
-                [],
-                "<= 1.1",
-                None,
-                note=why,
-            ),
-            Row(
-                "image",
-                "rebuild after a code-only change",
-                "s",
-                ["not measured"],
-                [],
-                [],
-                "",
-                None,
-                note=why,
-            ),
+            not_measured("image size / venv size", "", why, goal="<= 1.1"),
+            not_measured("rebuild after a code-only change", "s", why),
         ]
     size = int(docker("image", "inspect", "-f", "{{.Size}}", IMAGE).stdout.strip())
     du = docker("run", "--rm", "--entrypoint", "du", IMAGE, "-sb", "/opt/venv", timeout=300)
@@ -137,16 +121,10 @@ def run(repeat: int, quick: bool) -> list[Row]:
             log(f"unchanged copy built in {first:.1f} s; steps run: {ran}")
         except subprocess.TimeoutExpired:
             rows.append(
-                Row(
-                    "image",
+                not_measured(
                     "rebuild after a code-only change",
                     "s",
-                    ["not measured"],
-                    [],
-                    [],
-                    "",
-                    None,
-                    note="the copy of the context missed the build "
+                    "the copy of the context missed the build "
                     f"cache (> {CACHED_LIMIT_S} s): it would rebuild vLLM",
                 )
             )

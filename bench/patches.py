@@ -11,16 +11,16 @@
 
 from __future__ import annotations
 
-import pathlib
 import re
 import time
 from statistics import median
 
+import psutil
 import requests
 
-from tests.harness import Streams, descendants, stream_completion
+from tests.harness import OLD_VLLM, Streams, descendants, stream_completion
 
-from .common import OLD_VLLM, Row, launch, ready, record, start, stop, terminate
+from .common import Row, launch, ready, record, start, stop, terminate
 
 N_STREAMS = 8
 COMPILED: list[str] = []  # the default path: no --enforce-eager
@@ -28,14 +28,14 @@ COMPILED: list[str] = []  # the default path: no --enforce-eager
 
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by pid and its descendants."""
-    total = 0
+    total = 0.0
     for p in [pid] + descendants(pid):
         try:
-            fields = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
+            times = psutil.Process(p).cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
             pass
-    return total / 100.0  # USER_HZ
+    return total
 
 
 def measure(s, max_tokens: int, other) -> tuple[float, float]:

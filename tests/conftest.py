@@ -14,9 +14,7 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
-OLD_VLLM = "0.27.1"  # the oldest release we test that still lacks the CPU no-op fix
+from tests.harness import ROOT
 
 
 @functools.cache

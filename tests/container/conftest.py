@@ -10,16 +10,13 @@ from __future__ import annotations
 import functools
 import json
 import os
-import pathlib
 import subprocess
 import time
 
 import pytest
 
-from tests.harness import free_port
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
+from tests.harness import DEFAULT_VLLM, ROOT, free_port
+from vllm_intel.supervisor import settings
 
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 
@@ -82,7 +79,7 @@ class Compose:
             INTEL_VLLM_CPU_IMAGE=image,
             INTEL_VLLM_PORT=str(self.port),
             INTEL_VLLM_DRAIN_TIMEOUT=str(drain),
-            INTEL_VLLM_STOP_GRACE_PERIOD=f"{drain + 15}s",
+            INTEL_VLLM_STOP_GRACE_PERIOD=f"{settings.grace_period(drain)}s",
         )
         self.env_file = ROOT / "build" / f"{name}.env"
         self.env_file.parent.mkdir(exist_ok=True)

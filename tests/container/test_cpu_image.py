@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 
 import pytest
 import requests
 
-from .conftest import DEFAULT_VLLM, docker
+from tests.harness import DEFAULT_VLLM, OLD_VLLM, Streams, wait_until_tokens_flow
+from vllm_intel.supervisor import settings
+
+from .conftest import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-OLD_VLLM = "0.27.1"
-DRAIN = 30
-GRACE = DRAIN + 15  # docs/CONVENTIONS.md: DRAIN + TEARDOWN 10 + MARGIN 5
+DRAIN = settings.DEFAULT_DRAIN_S
+GRACE = settings.grace_period(DRAIN)
 STREAMS, STREAM_TOKENS = 8, 900  # ~5 s per stream at ~1300 tok/s over 8: in flight at the stop
 IDLE_STOP_S = 3  # an idle server must not make `docker stop` wait
 
@@ -103,56 +104,15 @@ def test_completion_returns_200(stack):
     assert r.json()["choices"][0]["text"]
 
 
-def _stream(url: str, model: str, result: dict, started: threading.Event) -> None:
-    chunks, done, finish = 0, False, None
-    try:
-        with requests.post(
-            f"{url}/v1/completions",
-            stream=True,
-            timeout=(10, 120),
-            json={
-                "model": model,
-                "prompt": "import",
-                "stream": True,
-                "ignore_eos": True,
-                "max_tokens": STREAM_TOKENS,
-            },
-        ) as r:
-            result["status"] = r.status_code
-            for line in r.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                data = line[6:]
-                if data == b"[DONE]":
-                    done = True
-                    break
-                chunks += 1
-                started.set()
-                finish = json.loads(data)["choices"][0].get("finish_reason") or finish
-    except Exception as e:  # noqa: BLE001 - recorded and asserted on below
-        result["error"] = repr(e)
-    result.update(chunks=chunks, done=done, finish=finish, ended=time.monotonic())
-
-
 def test_compose_stop_drains_streams(stack):
-    model = stack.served_model()
-    results = [dict() for _ in range(STREAMS)]
-    started = [threading.Event() for _ in range(STREAMS)]
-    threads = [
-        threading.Thread(target=_stream, args=(stack.url, model, results[i], started[i]))
-        for i in range(STREAMS)
-    ]
-    for t in threads:
-        t.start()
-    for e in started:
-        assert e.wait(120), "a stream produced no token"
+    streams = Streams(stack.url, stack.served_model(), STREAMS, STREAM_TOKENS, timeout=120)
+    wait_until_tokens_flow(stack.url, running=STREAMS, timeout=120)  # every stream generating
     t0 = time.monotonic()
     r = stack("stop", timeout=GRACE + 60, check=False)
     took = time.monotonic() - t0
-    for t in threads:
-        t.join(60)
+    results = streams.join(60)
     state = stack.inspect()["State"]
-    in_flight = sum(res.get("ended", 0) > t0 for res in results)
+    in_flight = sum(res.ended > t0 for res in results)
     print(
         f"vLLM {stack.version}: stop took {took:.1f} s, {in_flight}/{STREAMS} streams were "
         f"in flight at SIGTERM, exit code {state['ExitCode']}"
@@ -161,12 +121,7 @@ def test_compose_stop_drains_streams(stack):
     bad = [
         res
         for res in results
-        if not (
-            res.get("done")
-            and res.get("finish") == "length"
-            and res.get("chunks", 0) > 0
-            and "error" not in res
-        )
+        if not (res.done and res.finish_reason == "length" and res.tokens > 0 and not res.error)
     ]
     assert not bad, f"streams not completed with [DONE]: {bad}\n{stack.logs()}"
     assert state["ExitCode"] == 0, stack.logs()

@@ -22,9 +22,10 @@ import time
 
 import pytest
 
-from tests.harness import Streams, wait_until_tokens_flow
+from tests.harness import DEFAULT_VLLM, ROOT, Streams, wait_until_tokens_flow
+from vllm_intel.supervisor import settings
 
-from .conftest import DEFAULT_VLLM, ROOT, docker
+from .conftest import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.soak]
 
@@ -126,7 +127,7 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_
             )
             assert left_by_crash[0] > 0, "the crash left nothing behind: the case is not exercised"
             continue
-        docker("stop", "-t", "45", cid, timeout=120)
+        docker("stop", "-t", str(settings.grace_period(settings.DEFAULT_DRAIN_S)), cid, timeout=120)
         results = streams.join()
         state = c.inspect()["State"]
         assert state["ExitCode"] == 0, c.logs()

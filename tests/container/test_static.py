@@ -13,8 +13,8 @@ import sys
 import pytest
 from dockerfile_parse import DockerfileParser
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
+from tests.harness import DEFAULT_VLLM, ROOT
+
 STAGES = ["os", "vllm", "app", "test", "runtime"]
 SHARED_SCRIPTS = [
     "with-build-secrets.sh",

@@ -17,7 +17,8 @@ import sys
 
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.harness import ROOT
+
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("cpu", "xpu")
 

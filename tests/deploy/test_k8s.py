@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from vllm_intel.supervisor import settings
+
 from .manifests import (
     K8S,
     OVERLAYS,
@@ -85,7 +87,7 @@ def test_grace_period_is_prestop_plus_entrypoint_grace(overlay):
     prestop = prestop_seconds(c)
     grace = entrypoint_grace(env(c))  # DRAIN + 15 with the pod's own env (device included)
     drain = int(env(c)["INTEL_VLLM_DRAIN_TIMEOUT"])
-    assert grace >= drain + 15
+    assert grace >= settings.grace_period(drain)
     assert spec["terminationGracePeriodSeconds"] == prestop + grace, (
         f"{overlay}: terminationGracePeriodSeconds {spec['terminationGracePeriodSeconds']} != "
         f"preStop {prestop:g} + entrypoint grace-period {grace}"

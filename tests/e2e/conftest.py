@@ -12,9 +12,7 @@ import time
 
 import pytest
 
-from tests.harness import Server, alive, descendants, free_port, shm_segments
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.harness import ROOT, Server, alive, descendants, free_port, shm_segments
 
 
 @pytest.fixture

@@ -4,10 +4,10 @@ server, orphans or leftovers, and the exit code says what happened."""
 from __future__ import annotations
 
 import os
-import pathlib
 import signal
 import time
 
+import psutil
 import pytest
 
 from tests.harness import Streams, alive, descendants, wait_until_tokens_flow
@@ -20,9 +20,9 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def find(s, title: str) -> int:
     for pid in descendants(s.pid):
         try:
-            if title in pathlib.Path(f"/proc/{pid}/cmdline").read_text(errors="replace"):
+            if title in " ".join(psutil.Process(pid).cmdline()):
                 return pid
-        except OSError:
+        except psutil.Error:
             pass
     raise AssertionError(f"no {title} process under {s.pid}")
 

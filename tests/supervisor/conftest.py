@@ -70,6 +70,14 @@ class Run:
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
+    def stop_when_serving(self, sig: int = signal.SIGTERM) -> tuple[int, str, float]:
+        """Wait for SERVING, send sig, wait for the exit: (code, output, wall time of the send)."""
+        self.wait_for(lambda: self.state() == "SERVING")
+        sent = time.time()
+        self.signal(sig)
+        code, out, _ = self.finish()
+        return code, out, sent
+
     def finish(self, timeout: float = 30.0) -> tuple[int, str, float]:
         t0 = time.monotonic()
         try:
