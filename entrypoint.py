@@ -15,7 +15,7 @@ _here = pathlib.Path(__file__).resolve().parent
 if (_here / "vllm_intel" / "__init__.py").exists() and str(_here) not in sys.path:
     sys.path.insert(0, str(_here))
 
-from vllm_intel.supervisor.cli import main  # noqa: E402
+from vllm_intel.supervisor.launch import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

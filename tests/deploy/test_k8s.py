@@ -120,9 +120,15 @@ def test_probes_and_prestop_use_the_image_paths(overlay):
     stage = dockerfile_app_stage(overlay)
     entry = json.loads(stage["ENTRYPOINT"][-1])
     assert entry == PROBE[:2], f"Dockerfile.{overlay} ENTRYPOINT {entry}"
-    assert c["startupProbe"]["exec"]["command"] == PROBE + ["ready"]  # covers model loading
-    assert c["readinessProbe"]["exec"]["command"] == PROBE + ["ready"]  # fails while draining
-    assert c["livenessProbe"]["exec"]["command"] == PROBE + ["live"]
+    # httpGet on the supervisor's probe port, the one the image sets: no process per probe.
+    probe_port = int(re.search(r"INTEL_VLLM_PROBE_PORT=(\d+)", " ".join(stage["ENV"])).group(1))
+    assert "INTEL_VLLM_PROBE_PORT" not in env(c)  # nothing may move it away from the probes
+    for name, path in (
+        ("startupProbe", "/ready"),
+        ("readinessProbe", "/ready"),
+        ("livenessProbe", "/live"),
+    ):  # covers loading; fails while draining; holds
+        assert c[name]["httpGet"] == {"path": path, "port": probe_port}, name
     assert c["lifecycle"]["preStop"]["exec"]["command"][0] == entry[0]
     # The image's HEALTHCHECK and compose's healthcheck run the same readiness command.
     assert stage["HEALTHCHECK"][-1].split("CMD", 1)[1].strip() == json.dumps(PROBE + ["ready"])
@@ -139,8 +145,8 @@ def test_exec_form_only(overlay):
     """entrypoint.py must stay PID 1: no `command:` override, no shell anywhere."""
     c = container(overlay)
     assert "command" not in c, "keep the image's ENTRYPOINT (entrypoint.py as PID 1)"
-    hooks = [c[p]["exec"]["command"] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
-    hooks.append(c["lifecycle"]["preStop"]["exec"]["command"])
+    hooks = [c["lifecycle"]["preStop"]["exec"]["command"]]
+    assert not any("exec" in c[p] for p in ("startupProbe", "readinessProbe", "livenessProbe"))
     for argv in hooks + [c.get("args", [])]:
         assert argv and not {"sh", "bash", "dash"} & {a.rsplit("/", 1)[-1] for a in argv}, argv
 

@@ -16,6 +16,7 @@ import pytest
 from tests.harness import ROOT, free_port
 
 FAKE = pathlib.Path(__file__).resolve().parent / "fake_vllm"
+SIGTERM = signal.SIGTERM  # a default in Run, whose own `signal` method hides the module
 
 
 class Run:
@@ -70,7 +71,7 @@ class Run:
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
 
-    def stop_when_serving(self, sig: int = signal.SIGTERM) -> tuple[int, str, float]:
+    def stop_when_serving(self, sig: int = SIGTERM) -> tuple[int, str, float]:
         """Wait for SERVING, send sig, wait for the exit: (code, output, wall time of the send)."""
         self.wait_for(lambda: self.state() == "SERVING")
         sent = time.time()

@@ -6,6 +6,7 @@ import os
 import pathlib
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -338,9 +339,19 @@ def test_http_probes_follow_the_state(run):
     assert status("ready") == 503 and status("live") == 200
     r.wait_for(lambda: r.state() == "SERVING")
     assert status("ready") == 200 and status("live") == 200
+
+    def cli(kind: str) -> int:  # `probe KIND` with no --port: answered by the probe port
+        return subprocess.run(
+            [sys.executable, str(ROOT / "entrypoint.py"), "probe", kind],
+            env=dict(r.env, INTEL_VLLM_STATE_FILE="/nonexistent"),
+            capture_output=True,
+        ).returncode
+
+    assert cli("ready") == 0 and cli("live") == 0
     r.signal(signal.SIGTERM)
     r.wait_for(lambda: r.state() == "DRAINING")
     assert status("ready") == 503 and status("live") == 200
+    assert cli("ready") == 1 and cli("live") == 0
     assert status("nothing") == 404
     assert r.finish()[0] == 0
     assert status("ready") == 0  # gone with the supervisor

@@ -47,7 +47,10 @@ def serve(args: list[str]) -> int:
     try:
         Supervisor.block_signals()
         if probe_port is not None:
-            probes.serve_http(probe_port, cfg.port, lambda: sup.state)
+            try:
+                probes.serve_http(probe_port, cfg.port, lambda: sup.state)
+            except OSError as e:
+                raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
         failed = sup.spawn(child_env(run_dir))
         return failed if failed is not None else sup.run()
     finally:

@@ -125,9 +125,9 @@ SETTINGS = (
     ),
     Setting(
         "INTEL_VLLM_PROBE_PORT",
-        "unset (off)",
-        "serve `GET /ready` and `GET /live` (200 or 503) on this port from the supervisor, "
-        "for HTTP probes",
+        "unset (off); `8001` in the images",
+        "the supervisor answers `GET /ready` and `GET /live` (200 or 503) on this port: "
+        "Kubernetes httpGet probes, and `probe ready|live` without `--port` asks it",
     ),
     Setting("INTEL_VLLM_SHM_DIR", "`/dev/shm`", "where vLLM's shared memory leftovers are swept"),
     Setting(
@@ -141,7 +141,7 @@ USAGE = """\
 entrypoint.py                          serve the built-in model ($INTEL_VLLM_MODEL)
 entrypoint.py serve [MODEL] [FLAGS]    vllm serve MODEL FLAGS (flags passed through untouched)
 entrypoint.py patches                  patch table: name, state, reason
-entrypoint.py probe ready|live [--port N]   exit 0/1 (compose healthcheck, Kubernetes exec probes)
+entrypoint.py probe ready|live [--port N]   exit 0/1 (compose healthcheck, exec probes)
 entrypoint.py grace-period             the orchestrator grace period for the current settings"""
 
 
