@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
-import shutil
 import sys
 import tempfile
 
@@ -37,14 +36,9 @@ def serve(args: list[str]) -> int:
     from . import janitor, probes
     from .loop import Supervisor
 
-    tmp, shm = pathlib.Path(tempfile.gettempdir()), settings.shm_dir()
-    removed = janitor.sweep(shm, tmp)
-    if removed:
-        log(f"removed {len(removed)} stale leftover(s) of an earlier run: {' '.join(removed)}")
-    run_dir = janitor.make_run_dir(tmp)
-    shm_before = janitor.shm_names(shm)
+    tmp = pathlib.Path(tempfile.gettempdir())
     sup = Supervisor(cfg, settings.state_file(cfg.port))
-    try:
+    with janitor.run_dir(tmp, settings.shm_dir(), sup.state_path) as run_dir:
         Supervisor.block_signals()
         if probe_port is not None:
             try:
@@ -53,15 +47,6 @@ def serve(args: list[str]) -> int:
                 raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
         failed = sup.spawn(child_env(run_dir))
         return failed if failed is not None else sup.run()
-    finally:
-        removed = janitor.sweep(shm, tmp, only=janitor.shm_names(shm) - shm_before)
-        if removed:
-            log(f"removed {len(removed)} shared memory leftover(s) of this run")
-        shutil.rmtree(run_dir, ignore_errors=True)
-        try:
-            sup.state_path.unlink()
-        except OSError:
-            pass
 
 
 def patches(args: list[str]) -> int:

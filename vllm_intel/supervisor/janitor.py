@@ -6,15 +6,17 @@ Decisions are pure functions of what is on disk and of two injectable views of t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import re
 import shutil
+import tempfile
 from collections.abc import Callable, Iterable
 
 import psutil
 
-from .settings import RUN_DIR_PREFIX
+from .settings import RUN_DIR_PREFIX, log
 
 # Names vLLM (multiprocessing) gives its shared memory segments and semaphores in /dev/shm.
 SHM_PATTERNS = (
@@ -132,9 +134,21 @@ def shm_names(shm_dir: pathlib.Path) -> set[str]:
     return set(os.listdir(shm_dir)) if shm_dir.is_dir() else set()
 
 
-def make_run_dir(tmp_dir: pathlib.Path) -> pathlib.Path:
-    import tempfile
-
-    run_dir = pathlib.Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=tmp_dir))
-    (run_dir / PID_FILE).write_text(process_identity(os.getpid()))
-    return run_dir
+@contextlib.contextmanager
+def run_dir(tmp_dir: pathlib.Path, shm_dir: pathlib.Path, state_path: pathlib.Path):
+    """One run's directory (TMPDIR of vLLM). On entry, sweeps a crashed earlier run's leftovers;
+    on exit, removes the directory, the state file and the segments this run left in shm_dir."""
+    removed = sweep(shm_dir, tmp_dir)
+    if removed:
+        log(f"removed {len(removed)} stale leftover(s) of an earlier run: {' '.join(removed)}")
+    path = pathlib.Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=tmp_dir))
+    (path / PID_FILE).write_text(process_identity(os.getpid()))
+    before = shm_names(shm_dir)
+    try:
+        yield path
+    finally:
+        removed = sweep(shm_dir, tmp_dir, only=shm_names(shm_dir) - before)
+        if removed:
+            log(f"removed {len(removed)} shared memory leftover(s) of this run")
+        shutil.rmtree(path, ignore_errors=True)
+        remove([state_path])
