@@ -93,7 +93,7 @@ def stale(
         for entry in (sorted(shm_dir.iterdir()) if shm_dir.is_dir() else [])
         if (only is None or entry.name in only) and any(p.match(entry.name) for p in SHM_PATTERNS)
     ]
-    used = in_use()
+    used = in_use() if candidates else set()  # no candidate: no need to read every process
     found = []
     for entry in candidates:
         try:
