@@ -1,6 +1,6 @@
 """The Kubernetes pod spec (deploy/k8s/cpu, rendered) run on the real CPU image the way kubelet
-would run and stop it: its securityContext, emptyDirs and env as `docker run` flags, its exec
-probes through `docker exec`, and on termination kubelet's order: the preStop hook, then SIGTERM,
+would run and stop it: its securityContext, emptyDirs and env as `docker run` flags, its probes
+(httpGet, exec) through `docker exec`, and on termination kubelet's order: the preStop hook, then SIGTERM,
 then SIGKILL when terminationGracePeriodSeconds (counted from the start of the preStop) run out.
 
 Clients keep starting streams until the preStop returns (traffic still arrives while endpoints
@@ -116,6 +116,25 @@ def exec_rc(cid: str, command: list[str], timeout: float) -> int:
     ).returncode
 
 
+# What kubelet's httpGet does, from inside the pod's network namespace: success is 200-399.
+HTTP_GET = """import sys, urllib.request, urllib.error
+try:
+    status = urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status
+except urllib.error.HTTPError as e:
+    status = e.code
+sys.exit(0 if 200 <= status < 400 else 1)"""
+
+
+def probe_rc(cid: str, probe: dict, timeout: float) -> int:
+    """Run a Kubernetes probe (exec or httpGet) against the container: 0 = success."""
+    if "exec" in probe:
+        return exec_rc(cid, probe["exec"]["command"], timeout)
+    get = probe["httpGet"]
+    url = f"http://127.0.0.1:{get['port']}{get['path']}"
+    python = ["/opt/venv/bin/python", "-c", HTTP_GET, url, str(probe.get("timeoutSeconds", 1))]
+    return exec_rc(cid, python, timeout)
+
+
 @pytest.fixture
 def pod(cpu_image, tmp_path):
     spec, c = pod_spec(OVERLAY), container(OVERLAY)
@@ -143,15 +162,15 @@ def test_kubelet_termination_drains_streams(pod):
     spec, c, cid, url = pod
     grace = spec["terminationGracePeriodSeconds"]
 
-    # startupProbe: until `probe ready` passes, within its budget.
+    # startupProbe: until it passes (GET /ready on the probe port), within its budget.
     sp = c["startupProbe"]
     end = time.monotonic() + sp["periodSeconds"] * sp["failureThreshold"]
-    while exec_rc(cid, sp["exec"]["command"], sp["timeoutSeconds"] + 10) != 0:
+    while probe_rc(cid, sp, sp["timeoutSeconds"] + 10) != 0:
         state = json.loads(docker("inspect", cid).stdout)[0]["State"]
         assert state["Running"], f"container exited while starting: {state}"
         assert time.monotonic() < end, "startupProbe budget exhausted"
         time.sleep(2)
-    assert exec_rc(cid, c["livenessProbe"]["exec"]["command"], 30) == 0
+    assert probe_rc(cid, c["livenessProbe"], 30) == 0
 
     model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
     traffic = Traffic(url, model, timeout=grace + 60)
@@ -171,8 +190,8 @@ def test_kubelet_termination_drains_streams(pod):
     docker("kill", "-s", "TERM", cid)
 
     # Draining: readiness fails at once (the pod leaves the endpoints), liveness still passes.
-    assert exec_rc(cid, c["readinessProbe"]["exec"]["command"], 30) != 0
-    assert exec_rc(cid, c["livenessProbe"]["exec"]["command"], 30) == 0
+    assert probe_rc(cid, c["readinessProbe"], 30) != 0
+    assert probe_rc(cid, c["livenessProbe"], 30) == 0
 
     try:
         docker("wait", cid, timeout=max(t_kill - time.monotonic(), 1))
