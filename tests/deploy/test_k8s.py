@@ -94,6 +94,7 @@ def test_grace_period_is_prestop_plus_entrypoint_grace(overlay):
     )
     # A preStop long enough for endpoint removal to propagate, short next to the drain.
     assert 2 <= prestop <= 15
+    assert prestop == settings.PRESTOP_S  # the value docs/deploy.md shows
 
 
 def test_grace_formula_is_written_next_to_the_value():

@@ -15,7 +15,7 @@ from vllm_intel.supervisor import docs, settings
 @pytest.mark.parametrize("name", docs.FILES)
 def test_generated_blocks_match_the_code(name):
     text = (ROOT / name).read_text()
-    assert "<!-- generated:exit-codes -->" in text and "<!-- generated:shutdown -->" in text
+    assert "<!-- generated:" in text
     assert docs.render(text) == text, (
         f"{name} is out of date: run `python -m vllm_intel.supervisor.docs`"
     )

@@ -28,6 +28,10 @@ def shutdown() -> str:
     return f"```\n{settings.SHUTDOWN_FORMULA}\n```"
 
 
+def orchestrator() -> str:
+    return f"```\n{settings.ORCHESTRATOR_FORMULA}\n```"
+
+
 def usage() -> str:
     return f"```\n{settings.USAGE}\n```"
 
@@ -37,8 +41,9 @@ BLOCKS = {
     "settings": settings_table,
     "shutdown": shutdown,
     "exit-codes": exit_codes,
+    "orchestrator": orchestrator,
 }
-FILES = ("README.md", "docs/CONVENTIONS.md")
+FILES = ("README.md", "docs/CONVENTIONS.md", "docs/deploy.md")
 
 
 def help_text() -> str:

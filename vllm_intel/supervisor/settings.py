@@ -38,6 +38,13 @@ def deadline(drain: int) -> int:
     return drain + TEARDOWN_S
 
 
+PRESTOP_S = 5  # deploy/k8s: the preStop sleep before kubelet's SIGTERM (tests/deploy checks it)
+
+ORCHESTRATOR_FORMULA = f"""\
+grace = DRAIN + TEARDOWN ({TEARDOWN_S} s) + MARGIN ({MARGIN_S} s)          `entrypoint.py grace-period` prints it
+compose stop_grace_period             = grace                        ({grace_period(DEFAULT_DRAIN_S)} s by default)
+Kubernetes terminationGracePeriodSeconds = preStop sleep + grace     ({PRESTOP_S} + {grace_period(DEFAULT_DRAIN_S)} = {PRESTOP_S + grace_period(DEFAULT_DRAIN_S)} s by default)"""
+
 # ---------------------------------------------------------------------------------- exit codes
 
 
