@@ -16,6 +16,10 @@ import pytest
 
 from tests.harness import ROOT
 
+# The images set it (the test image too): every supervisor a test starts would bind the same port.
+# Tests that want the probe server set their own.
+os.environ.pop("INTEL_VLLM_PROBE_PORT", None)
+
 
 @functools.cache
 def vllm_venv_path(version: str) -> pathlib.Path:
