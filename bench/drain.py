@@ -13,12 +13,13 @@ import re
 import signal
 import time
 
-from tools.serving import Streams, wait_until_tokens_flow
+from tests.harness import Streams, wait_until_tokens_flow
+from vllm_intel.supervisor import settings
 
 from .common import Row, launch, record, stop
 
 CLIENT_TIMEOUT_S = 30
-EXIT_BOUND_S = 45  # = the orchestrator grace period of the entrypoint (DRAIN 30 + 10 + 5)
+EXIT_BOUND_S = settings.grace_period(settings.DEFAULT_DRAIN_S)  # the orchestrator grace period
 # Tokens per stream: each N lasts a few seconds (tiny model, eager, 2 busy cores).
 MAX_TOKENS = {1: 3000, 8: 1000, 32: 320}
 
@@ -35,19 +36,36 @@ def one(kind: str, n: int, label: str) -> dict:
         code = s.wait(timeout=max(t_term + EXIT_BOUND_S - time.monotonic(), 0))
         t_exit = time.monotonic() - t_term if code is not None else None
         before = sum(1 for r in results if r.ended and r.ended < t_term)
-        completed = sum(1 for r in results if r.ended >= t_term and r.done and
-                        r.finish_reason == "length" and r.tokens == max_tokens)
+        completed = sum(
+            1
+            for r in results
+            if r.ended >= t_term
+            and r.done
+            and r.finish_reason == "length"
+            and r.tokens == max_tokens
+        )
         told = sum(1 for r in results if r.ended >= t_term and r.done)
-        timed_out = sum(1 for r in results
-                        if r.error and re.search(r"timeout|timed out", r.error, re.I))
+        timed_out = sum(
+            1 for r in results if r.error and re.search(r"timeout|timed out", r.error, re.I)
+        )
         last = max(r.ended for r in results) - t_term
-        out = {"n": n, "kind": kind, "max_tokens": max_tokens, "in_flight": n - before,
-               "completed": completed,
-               "finish_reasons": sorted({str(r.finish_reason) for r in results}), "done_event": told, "client_timeouts": timed_out,
-               "exit_code": code, "exit_s": round(t_exit, 2) if t_exit is not None else "hung",
-               "last_stream_s": round(last, 2),
-               "gap_s": round(t_exit - last, 2) if t_exit is not None else "hung"}
-        m = re.search(r"\[entrypoint\] exit \d+: vLLM .* ([0-9.]+) s after the stop request", s.text())
+        out = {
+            "n": n,
+            "kind": kind,
+            "max_tokens": max_tokens,
+            "in_flight": n - before,
+            "completed": completed,
+            "finish_reasons": sorted({str(r.finish_reason) for r in results}),
+            "done_event": told,
+            "client_timeouts": timed_out,
+            "exit_code": code,
+            "exit_s": round(t_exit, 2) if t_exit is not None else "hung",
+            "last_stream_s": round(last, 2),
+            "gap_s": round(t_exit - last, 2) if t_exit is not None else "hung",
+        }
+        m = re.search(
+            r"\[entrypoint\] exit \d+: vLLM .* ([0-9.]+) s after the stop request", s.text()
+        )
         out["vllm_exit_s"] = float(m.group(1)) if m else None  # the supervisor's own view
         record(f"drain {kind} N={n}", out)
         return out
@@ -69,6 +87,7 @@ def run(repeat: int, quick: bool) -> list[Row]:
     rows = []
     for n in ns:
         ours, bare = runs[("ours", n)], runs[("bare", n)]
+
         def pct(r):
             if "error" in r:
                 return "error"
@@ -77,25 +96,56 @@ def run(repeat: int, quick: bool) -> list[Row]:
         def get(r, key):
             return r.get(key, "error")
 
-        rows.append(Row("drain", f"N={n}: completed / in flight", "%",
-                        [pct(r) for r in ours], [pct(r) for r in bare], [],
-                        "ours 100 %", all(pct(r) == 100 for r in ours),
-                        note=f"{MAX_TOKENS.get(n)} tokens/stream; alternative: streams ended with [DONE] "
-                             f"{[get(r, 'done_event') for r in bare]}, finish reasons "
-                             f"{[get(r, 'finish_reasons') for r in bare]}, client timeouts "
-                             f"{[get(r, 'client_timeouts') for r in bare]}", fmt="{:.0f}"))
+        rows.append(
+            Row(
+                "drain",
+                f"N={n}: completed / in flight",
+                "%",
+                [pct(r) for r in ours],
+                [pct(r) for r in bare],
+                [],
+                "ours 100 %",
+                all(pct(r) == 100 for r in ours),
+                note=f"{MAX_TOKENS.get(n)} tokens/stream; alternative: streams ended with [DONE] "
+                f"{[get(r, 'done_event') for r in bare]}, finish reasons "
+                f"{[get(r, 'finish_reasons') for r in bare]}, client timeouts "
+                f"{[get(r, 'client_timeouts') for r in bare]}",
+                fmt="{:.0f}",
+            )
+        )
         ox, bx = [get(r, "exit_s") for r in ours], [get(r, "exit_s") for r in bare]
-        rows.append(Row("drain", f"N={n}: SIGTERM -> exit", "s", ox, bx, [],
-                        "", None, note=f"exit codes ours {[get(r, 'exit_code') for r in ours]}, "
-                                       f"alternative {[get(r, 'exit_code') for r in bare]}; ours: vLLM "
-                                       "itself exited after "
-                                       f"{[get(r, 'vllm_exit_s') for r in ours]} s (supervisor's log)"))
+        rows.append(
+            Row(
+                "drain",
+                f"N={n}: SIGTERM -> exit",
+                "s",
+                ox,
+                bx,
+                [],
+                "",
+                None,
+                note=f"exit codes ours {[get(r, 'exit_code') for r in ours]}, "
+                f"alternative {[get(r, 'exit_code') for r in bare]}; ours: vLLM "
+                "itself exited after "
+                f"{[get(r, 'vllm_exit_s') for r in ours]} s (supervisor's log)",
+            )
+        )
         og, bg = [get(r, "gap_s") for r in ours], [get(r, "gap_s") for r in bare]
-        rows.append(Row("drain", f"N={n}: exit - last stream end", "s", og, bg, [],
-                        "ours <= 2 s", all(isinstance(g, float) and g <= 2 for g in og),
-                        note="last stream end (s after SIGTERM; a client gives up after 30 s without a byte): ours "
-                             f"{[get(r, 'last_stream_s') for r in ours]}, alternative "
-                             f"{[get(r, 'last_stream_s') for r in bare]}"))
+        rows.append(
+            Row(
+                "drain",
+                f"N={n}: exit - last stream end",
+                "s",
+                og,
+                bg,
+                [],
+                "ours <= 2 s",
+                all(isinstance(g, float) and g <= 2 for g in og),
+                note="last stream end (s after SIGTERM; a client gives up after 30 s without a byte): ours "
+                f"{[get(r, 'last_stream_s') for r in ours]}, alternative "
+                f"{[get(r, 'last_stream_s') for r in bare]}",
+            )
+        )
 
         errors = [r["error"] for r in ours + bare if "error" in r]
         if errors:

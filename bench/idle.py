@@ -18,7 +18,7 @@ import time
 
 import requests
 
-from tools.serving import free_port
+from tests.harness import free_port
 
 from .common import RESULTS, Row, launch, pair_ratios, record, stop
 from .dockerutil import IMAGE, docker, engine
@@ -29,13 +29,28 @@ MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
 def container(kind: str, label: str) -> dict:
     port = free_port()
     name = f"vllm-intel-bench-{os.getpid()}-{kind}-{label}"
-    common = ["run", "-d", "--name", name, "--shm-size", "2g", "-p", f"127.0.0.1:{port}:8000",
-              "-e", "VLLM_CPU_KVCACHE_SPACE=1"]
+    common = [
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--shm-size",
+        "2g",
+        "-p",
+        f"127.0.0.1:{port}:8000",
+        "-e",
+        "VLLM_CPU_KVCACHE_SPACE=1",
+    ]
     if kind == "ours":
         args = common + [IMAGE, "serve", "--enforce-eager"]
     else:
-        args = common + ["--entrypoint", "sh", IMAGE, "-c",
-                         f"vllm serve {MODEL_IN_IMAGE} --enforce-eager; exit $?"]
+        args = common + [
+            "--entrypoint",
+            "sh",
+            IMAGE,
+            "-c",
+            f"vllm serve {MODEL_IN_IMAGE} --enforce-eager; exit $?",
+        ]
     docker(*args)
     try:
         t0 = time.monotonic()
@@ -47,8 +62,10 @@ def container(kind: str, label: str) -> dict:
             except requests.RequestException:
                 pass
             if docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() != "true":
-                raise RuntimeError(f"{kind} container exited:\n" +
-                                   docker("logs", "--tail", "30", name, check=False).stderr)
+                raise RuntimeError(
+                    f"{kind} container exited:\n"
+                    + docker("logs", "--tail", "30", name, check=False).stderr
+                )
             time.sleep(0.5)
         else:
             raise TimeoutError(f"{kind} container not ready after 600 s")
@@ -59,10 +76,17 @@ def container(kind: str, label: str) -> dict:
         took = time.monotonic() - t
         code = int(docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip())
         text = docker("logs", name, check=False)
-        m = re.search(r"\[entrypoint\] exit \d+: vLLM .* ([0-9.]+) s after the stop request",
-                      text.stdout + text.stderr)
-        out = {"kind": kind, "ready_s": round(t_ready, 1), "stop_s": round(took, 2),
-               "exit_code": code, "vllm_exit_s": float(m.group(1)) if m else None}
+        m = re.search(
+            r"\[entrypoint\] exit \d+: vLLM .* ([0-9.]+) s after the stop request",
+            text.stdout + text.stderr,
+        )
+        out = {
+            "kind": kind,
+            "ready_s": round(t_ready, 1),
+            "stop_s": round(took, 2),
+            "exit_code": code,
+            "vllm_exit_s": float(m.group(1)) if m else None,
+        }
         record("idle docker stop", out)
         return out
     finally:
@@ -78,8 +102,10 @@ def local(label: str) -> dict:
         time.sleep(2)
         t = s.signal(signal.SIGTERM)
         code = s.wait(60)
-        out = {"stop_s": round(time.monotonic() - t, 2) if code is not None else "hung",
-               "exit_code": code}
+        out = {
+            "stop_s": round(time.monotonic() - t, 2) if code is not None else "hung",
+            "exit_code": code,
+        }
         record("idle local", out)
         return out
     finally:
@@ -90,19 +116,38 @@ def run(repeat: int, quick: bool) -> list[Row]:
     host, why = engine()
     if host is None:
         ours = [local(str(i)) for i in range(repeat)]
-        return [Row("idle", "idle SIGTERM -> exit (local entrypoint.py; no Docker)", "s",
-                    [r["stop_s"] for r in ours], ["not measured"], [], "ours <= 3 s",
-                    all(isinstance(r["stop_s"], float) and r["stop_s"] <= 3 for r in ours),
-                    note=f"Docker alternative not measured: {why}")]
+        return [
+            Row(
+                "idle",
+                "idle SIGTERM -> exit (local entrypoint.py; no Docker)",
+                "s",
+                [r["stop_s"] for r in ours],
+                ["not measured"],
+                [],
+                "ours <= 3 s",
+                all(isinstance(r["stop_s"], float) and r["stop_s"] <= 3 for r in ours),
+                note=f"Docker alternative not measured: {why}",
+            )
+        ]
     ours, alt = [], []
     for rep in range(repeat):
         ours.append(container("ours", str(rep)))
         alt.append(container("sh", str(rep)))
     o, a = [r["stop_s"] for r in ours], [r["stop_s"] for r in alt]
-    return [Row("idle", "idle `docker stop` -> exited (default timeout)", "s", o, a,
-                pair_ratios(o, a), "ours <= 3 s", all(v <= 3 for v in o),
-                note=f"{IMAGE}; exit codes ours {[r['exit_code'] for r in ours]}, `sh -c` PID 1 "
-                     f"{[r['exit_code'] for r in alt]} (137 = SIGKILL); ours: vLLM itself exited "
-                     f"after {[r['vllm_exit_s'] for r in ours]} s (supervisor's log); "
-                     "time to /health: ours "
-                     f"{[r['ready_s'] for r in ours]}, alternative {[r['ready_s'] for r in alt]}")]
+    return [
+        Row(
+            "idle",
+            "idle `docker stop` -> exited (default timeout)",
+            "s",
+            o,
+            a,
+            pair_ratios(o, a),
+            "ours <= 3 s",
+            all(v <= 3 for v in o),
+            note=f"{IMAGE}; exit codes ours {[r['exit_code'] for r in ours]}, `sh -c` PID 1 "
+            f"{[r['exit_code'] for r in alt]} (137 = SIGKILL); ours: vLLM itself exited "
+            f"after {[r['vllm_exit_s'] for r in ours]} s (supervisor's log); "
+            "time to /health: ours "
+            f"{[r['ready_s'] for r in ours]}, alternative {[r['ready_s'] for r in alt]}",
+        )
+    ]

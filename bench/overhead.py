@@ -16,8 +16,12 @@ def one(kind: str, label: str) -> dict:
     s, t_ready = launch(kind, ["--enforce-eager"], name=f"overhead-{kind}-{label}")
     try:
         time.sleep(SETTLE_S)
-        out = {"kind": kind, "ready_s": round(t_ready, 2), "tree_rss_mb": tree_rss_kb(s.pid) / 1024,
-               "top_rss_mb": rss_kb(s.pid) / 1024}
+        out = {
+            "kind": kind,
+            "ready_s": round(t_ready, 2),
+            "tree_rss_mb": tree_rss_kb(s.pid) / 1024,
+            "top_rss_mb": rss_kb(s.pid) / 1024,
+        }
         t = s.signal(signal.SIGTERM)
         code = s.wait(30)
         out["idle_stop_s"] = round(time.monotonic() - t, 2) if code is not None else "hung"
@@ -35,19 +39,61 @@ def run(repeat: int, quick: bool) -> list[Row]:
         bare.append(one("bare", str(rep)))
     o, b = [r["ready_s"] for r in ours], [r["ready_s"] for r in bare]
     ro = pair_ratios(o, b)
-    rows = [Row("overhead", "time to ready (/health 200)", "s", o, b, ro, "ratio <= 1.03",
-                bool(ro) and median(ro) <= 1.03)]
+    rows = [
+        Row(
+            "overhead",
+            "time to ready (/health 200)",
+            "s",
+            o,
+            b,
+            ro,
+            "ratio <= 1.03",
+            bool(ro) and median(ro) <= 1.03,
+        )
+    ]
     o, b = [r["tree_rss_mb"] for r in ours], [r["tree_rss_mb"] for r in bare]
     rr = pair_ratios(o, b)
-    rows.append(Row("overhead", "RSS of the process tree (sum of VmRSS)", "MB", o, b, rr,
-                    "ratio <= 1.03", bool(rr) and median(rr) <= 1.03, fmt="{:.0f}"))
+    rows.append(
+        Row(
+            "overhead",
+            "RSS of the process tree (sum of VmRSS)",
+            "MB",
+            o,
+            b,
+            rr,
+            "ratio <= 1.03",
+            bool(rr) and median(rr) <= 1.03,
+            fmt="{:.0f}",
+        )
+    )
     sup = [r["top_rss_mb"] for r in ours]
-    rows.append(Row("overhead", "supervisor process RSS (entrypoint.py VmRSS)", "MB", sup, [], [],
-                    "< 40 MB", all(v < 40 for v in sup), fmt="{:.1f}",
-                    note="alternative: no supervisor"))
+    rows.append(
+        Row(
+            "overhead",
+            "supervisor process RSS (entrypoint.py VmRSS)",
+            "MB",
+            sup,
+            [],
+            [],
+            "< 40 MB",
+            all(v < 40 for v in sup),
+            fmt="{:.1f}",
+            note="alternative: no supervisor",
+        )
+    )
     o, b = [r["idle_stop_s"] for r in ours], [r["idle_stop_s"] for r in bare]
-    rows.append(Row("overhead", "idle SIGTERM -> exit (local, no container)", "s", o, b,
-                    pair_ratios(o, b), "", None,
-                    note=f"exit codes ours {[r['exit_code'] for r in ours]}, "
-                         f"alternative {[r['exit_code'] for r in bare]}"))
+    rows.append(
+        Row(
+            "overhead",
+            "idle SIGTERM -> exit (local, no container)",
+            "s",
+            o,
+            b,
+            pair_ratios(o, b),
+            "",
+            None,
+            note=f"exit codes ours {[r['exit_code'] for r in ours]}, "
+            f"alternative {[r['exit_code'] for r in bare]}",
+        )
+    )
     return rows

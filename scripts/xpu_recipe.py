@@ -16,17 +16,31 @@ from __future__ import annotations
 import json
 import pathlib
 import sys
+
 import tomllib
 
 TABLE = pathlib.Path(__file__).resolve().parent.parent / "docker" / "xpu-releases.toml"
 ROUTES = ("upstream", "source")
 # field -> type; every release must have exactly these (a typo is an error, not a silent default).
 FIELDS = {
-    "sdist_sha256": str, "upstream_image": str, "base_image": str, "python": str, "torch": str,
-    "torch_index": str, "xpu_kernels": str, "triton": str, "triton_reinstall": bool,
-    "umd": list, "level_zero_dev": str, "oneapi_apt": list, "oneapi_apt_pin": str,
-    "oneccl_installer": str, "oneapi_pip": list, "ld_library_path": str,
-    "multiproc_method": str, "skipped_debs": list,
+    "sdist_sha256": str,
+    "upstream_image": str,
+    "base_image": str,
+    "python": str,
+    "torch": str,
+    "torch_index": str,
+    "xpu_kernels": str,
+    "triton": str,
+    "triton_reinstall": bool,
+    "umd": list,
+    "level_zero_dev": str,
+    "oneapi_apt": list,
+    "oneapi_apt_pin": str,
+    "oneccl_installer": str,
+    "oneapi_pip": list,
+    "ld_library_path": str,
+    "multiproc_method": str,
+    "skipped_debs": list,
 }
 LD_SELF = "$LD_LIBRARY_PATH"
 
@@ -44,13 +58,15 @@ def load(path: pathlib.Path = TABLE) -> dict:
     for version, rel in releases.items():
         missing, extra = FIELDS.keys() - rel.keys(), rel.keys() - FIELDS.keys()
         if missing or extra:
-            raise RecipeError(f"{path.name} [{version}]: missing {sorted(missing)}, "
-                              f"unknown {sorted(extra)}")
+            raise RecipeError(
+                f"{path.name} [{version}]: missing {sorted(missing)}, unknown {sorted(extra)}"
+            )
         for name, kind in FIELDS.items():
             if not isinstance(rel[name], kind):
                 raise RecipeError(f"{path.name} [{version}]: {name} must be {kind.__name__}")
-        if rel["level_zero_dev"] and not any(u.endswith("/" + rel["level_zero_dev"])
-                                             for u in rel["umd"]):
+        if rel["level_zero_dev"] and not any(
+            u.endswith("/" + rel["level_zero_dev"]) for u in rel["umd"]
+        ):
             raise RecipeError(f"{path.name} [{version}]: level_zero_dev is not one of umd")
         if rel["oneapi_apt"] and not rel["oneapi_apt_pin"]:
             raise RecipeError(f"{path.name} [{version}]: oneapi_apt needs oneapi_apt_pin")
@@ -60,8 +76,10 @@ def load(path: pathlib.Path = TABLE) -> dict:
 def release(version: str, data: dict | None = None) -> dict:
     data = data or load()
     if version not in data["release"]:
-        raise RecipeError(f"vLLM {version} has no XPU recipe; supported: "
-                          f"{', '.join(versions(data))} (docker/xpu-releases.toml)")
+        raise RecipeError(
+            f"vLLM {version} has no XPU recipe; supported: "
+            f"{', '.join(versions(data))} (docker/xpu-releases.toml)"
+        )
     return data["release"][version]
 
 
@@ -92,18 +110,26 @@ def build_args(version: str, route: str | None = None, data: dict | None = None)
         raise RecipeError(f"vLLM {version} has no published XPU image: use XPU_ROUTE=source")
     ld_prefix, ld_suffix = split_ld_path(rel["ld_library_path"])
     args = {
-        "VLLM_VERSION": version, "XPU_ROUTE": route,
+        "VLLM_VERSION": version,
+        "XPU_ROUTE": route,
         "UPSTREAM_IMAGE": rel["upstream_image"] or "scratch",
-        "BASE_IMAGE": rel["base_image"], "PYTHON_VERSION": rel["python"],
+        "BASE_IMAGE": rel["base_image"],
+        "PYTHON_VERSION": rel["python"],
         # As torch reports itself and the image label records it: PyTorch's XPU builds are +xpu.
-        "TORCH_VERSION": rel["torch"] + "+xpu", "TORCH_INDEX_URL": rel["torch_index"],
-        "XPU_KERNELS_VERSION": rel["xpu_kernels"], "XPU_TRITON": rel["triton"],
+        "TORCH_VERSION": rel["torch"] + "+xpu",
+        "TORCH_INDEX_URL": rel["torch_index"],
+        "XPU_KERNELS_VERSION": rel["xpu_kernels"],
+        "XPU_TRITON": rel["triton"],
         "XPU_TRITON_REINSTALL": "1" if rel["triton_reinstall"] else "0",
         "XPU_UMD_DEBS": " ".join(rel["umd"]),
-        "XPU_ONEAPI_APT": " ".join(rel["oneapi_apt"]), "XPU_ONEAPI_APT_PIN": rel["oneapi_apt_pin"],
-        "XPU_ONECCL_INSTALLER": rel["oneccl_installer"], "XPU_ONEAPI_PIP": " ".join(rel["oneapi_pip"]),
-        "XPU_LD_PREFIX": ld_prefix, "XPU_LD_SUFFIX": ld_suffix,
-        "XPU_MULTIPROC_METHOD": rel["multiproc_method"], "VLLM_SDIST_SHA256": rel["sdist_sha256"],
+        "XPU_ONEAPI_APT": " ".join(rel["oneapi_apt"]),
+        "XPU_ONEAPI_APT_PIN": rel["oneapi_apt_pin"],
+        "XPU_ONECCL_INSTALLER": rel["oneccl_installer"],
+        "XPU_ONEAPI_PIP": " ".join(rel["oneapi_pip"]),
+        "XPU_LD_PREFIX": ld_prefix,
+        "XPU_LD_SUFFIX": ld_suffix,
+        "XPU_MULTIPROC_METHOD": rel["multiproc_method"],
+        "VLLM_SDIST_SHA256": rel["sdist_sha256"],
     }
     return [f"{k}={v}" for k, v in args.items()]
 
@@ -122,7 +148,9 @@ def main(argv: list[str]) -> int:
         elif cmd == "show" and len(rest) == 1:
             print(json.dumps(release(rest[0]), indent=2))
         else:
-            raise RecipeError("usage: xpu_recipe.py versions|default|route V|build-args V [ROUTE]|show V")
+            raise RecipeError(
+                "usage: xpu_recipe.py versions|default|route V|build-args V [ROUTE]|show V"
+            )
     except (RecipeError, tomllib.TOMLDecodeError) as e:
         print(f"xpu_recipe: {e}", file=sys.stderr)
         return 64

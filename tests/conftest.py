@@ -14,16 +14,20 @@ import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
-OLD_VLLM = "0.27.1"  # the oldest release we test that still lacks the CPU no-op fix
+from tests.harness import ROOT
+
+# The images set it (the test image too): every supervisor a test starts would bind the same port.
+# Tests that want the probe server set their own.
+os.environ.pop("INTEL_VLLM_PROBE_PORT", None)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def vllm_venv_path(version: str) -> pathlib.Path:
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "vllm-venv.sh"), version],
-        check=True, stdout=subprocess.PIPE, text=True,
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     return pathlib.Path(out.stdout.strip().splitlines()[-1])
 
@@ -38,8 +42,9 @@ def vllm_venv():
 def tiny_model() -> pathlib.Path:
     out = ROOT / "build" / "tiny-llama"
     if not (out / "config.json").exists():
-        subprocess.run([sys.executable, str(ROOT / "tools" / "build_tiny_model.py"), str(out)],
-                       check=True)
+        subprocess.run(
+            [sys.executable, str(ROOT / "tools" / "build_tiny_model.py"), str(out)], check=True
+        )
     return out
 
 
@@ -50,7 +55,8 @@ def venv_python(vllm_venv):
     def run(version: str, code: str, env: dict | None = None, timeout: float = 300):
         py = vllm_venv(version) / "bin" / "python"
         full_env = dict(os.environ, **(env or {}))
-        return subprocess.run([str(py), "-c", code], capture_output=True, text=True,
-                              env=full_env, timeout=timeout)
+        return subprocess.run(
+            [str(py), "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout
+        )
 
     return run

@@ -21,9 +21,9 @@ if [ "${SKIP_IN_IMAGE_TESTS:-0}" != 1 ]; then
   section ":pytest: tests inside $image-test"
   # Tests that create another release's venv install from PyPI inside the container: give pip the
   # same extra CA bundle and local wheels the image build got (never stored in the image).
-  ca=${CA_BUNDLE:-${PIP_CERT:-/etc/ssl/certs/ca-certificates.crt}}
+  ca=$(scripts/ca-bundle.sh)
   run_args=(--rm --label "$RUN_LABEL" --shm-size 2g)
-  if [ "$ca" != none ] && [ -s "$ca" ]; then
+  if [ -n "$ca" ]; then
     run_args+=(-v "$ca:/run/ci/ca.pem:ro" -e PIP_CERT=/run/ci/ca.pem)
   fi
   if [ -n "${WHEELS_DIR:-}" ]; then

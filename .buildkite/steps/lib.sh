@@ -20,7 +20,9 @@ mkdir -p "$LOG_DIR"
 
 section() { echo "--- $*"; }                 # a collapsible section in the Buildkite log
 
-_engine_started=0
+# shellcheck source=../../scripts/engine.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/engine.sh"
+
 _cleanup() {
   local rc=$?
   section "cleanup (exit $rc)"
@@ -36,16 +38,8 @@ _cleanup() {
   if [ -n "${BUILDKITE:-}" ]; then
     "$DOCKER" builder prune -f --filter "until=${BUILD_CACHE_KEEP_HOURS:-168}h" >/dev/null || true
   fi
-  if [ "$_engine_started" = 1 ]; then scripts/docker-engine.sh stop || true; fi
+  release_engine
   exit "$rc"
-}
-
-use_engine() {  # DOCKER_HOST of an engine that answers; start ours if none does
-  if ! DOCKER_HOST=$(scripts/docker-engine.sh status 2>/dev/null); then
-    _engine_started=1
-    DOCKER_HOST=$(scripts/docker-engine.sh start)
-  fi
-  export DOCKER_HOST
 }
 
 setup_step() {  # what every top-level step does first

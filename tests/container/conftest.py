@@ -10,21 +10,20 @@ from __future__ import annotations
 import functools
 import json
 import os
-import pathlib
 import subprocess
 import time
 
 import pytest
 
-from tools.serving import free_port
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
+from tests.harness import DEFAULT_VLLM, ROOT, free_port
+from vllm_intel.supervisor import settings
 
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 
 
-def run(cmd: list[str], timeout: float = 600, check: bool = True, **kw) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str], timeout: float = 600, check: bool = True, **kw
+) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=timeout, **kw)
 
 
@@ -40,12 +39,17 @@ def docker_host() -> str:
     return host
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build(accelerator: str, version: str, target: str = "runtime") -> str:
     env = dict(os.environ, VLLM_VERSION=version, TARGET=target)
     t0 = time.monotonic()
-    out = subprocess.run(["bash", str(ROOT / "scripts" / "build-image.sh"), accelerator],
-                         env=env, capture_output=True, text=True, timeout=2400)
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-image.sh"), accelerator],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
     if out.returncode != 0:
         pytest.fail(f"build-image.sh {accelerator} ({version}) failed:\n{out.stderr[-6000:]}")
     print(f"built {accelerator} {version} {target} in {time.monotonic() - t0:.0f} s")
@@ -59,7 +63,6 @@ def cpu_image(docker_host):
     return lambda version=DEFAULT_VLLM: _build("cpu", version)
 
 
-
 class Compose:
     """One compose project (unique name and port) running the CPU service of one image."""
 
@@ -70,9 +73,14 @@ class Compose:
         self.name = name
         self.overrides = overrides  # extra compose files layered on compose.yaml
         # Process env overrides .env; an empty --env-file keeps a developer's .env out of tests.
-        self.env = dict(os.environ, COMPOSE_PROJECT_NAME=name, INTEL_VLLM_CPU_IMAGE=image,
-                        INTEL_VLLM_PORT=str(self.port), INTEL_VLLM_DRAIN_TIMEOUT=str(drain),
-                        INTEL_VLLM_STOP_GRACE_PERIOD=f"{drain + 15}s")
+        self.env = dict(
+            os.environ,
+            COMPOSE_PROJECT_NAME=name,
+            INTEL_VLLM_CPU_IMAGE=image,
+            INTEL_VLLM_PORT=str(self.port),
+            INTEL_VLLM_DRAIN_TIMEOUT=str(drain),
+            INTEL_VLLM_STOP_GRACE_PERIOD=f"{settings.grace_period(drain)}s",
+        )
         self.env_file = ROOT / "build" / f"{name}.env"
         self.env_file.parent.mkdir(exist_ok=True)
         self.env_file.write_text("")
@@ -80,8 +88,19 @@ class Compose:
 
     def __call__(self, *args: str, timeout: float = 600, check: bool = True):
         files = [arg for path in self.overrides for arg in ("-f", path)]
-        return run(["bash", str(ROOT / "scripts" / "compose.sh"), "--env-file", str(self.env_file),
-                    *files, *args], env=self.env, timeout=timeout, check=check)
+        return run(
+            [
+                "bash",
+                str(ROOT / "scripts" / "compose.sh"),
+                "--env-file",
+                str(self.env_file),
+                *files,
+                *args,
+            ],
+            env=self.env,
+            timeout=timeout,
+            check=check,
+        )
 
     def container(self) -> str:
         return self("ps", "-a", "-q", self.service).stdout.strip()
@@ -91,14 +110,18 @@ class Compose:
 
     def leftovers(self) -> list[str]:
         label = f"label=com.docker.compose.project={self.name}"
-        return [line for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"])
-                for line in docker(*kind, "-q", "--filter", label).stdout.split()]
+        return [
+            line
+            for kind in (["ps", "-a"], ["network", "ls"], ["volume", "ls"])
+            for line in docker(*kind, "-q", "--filter", label).stdout.split()
+        ]
 
     def logs(self) -> str:
         return self("logs", "--no-color", "--tail", "80", check=False).stdout
 
     def served_model(self) -> str:
         import requests
+
         return requests.get(f"{self.url}/v1/models", timeout=10).json()["data"][0]["id"]
 
 

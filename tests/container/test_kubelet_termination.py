@@ -1,6 +1,6 @@
 """The Kubernetes pod spec (deploy/k8s/cpu, rendered) run on the real CPU image the way kubelet
-would run and stop it: its securityContext, emptyDirs and env as `docker run` flags, its exec
-probes through `docker exec`, and on termination kubelet's order: the preStop hook, then SIGTERM,
+would run and stop it: its securityContext, emptyDirs and env as `docker run` flags, its probes
+(httpGet, exec) through `docker exec`, and on termination kubelet's order: the preStop hook, then SIGTERM,
 then SIGKILL when terminationGracePeriodSeconds (counted from the start of the preStop) run out.
 
 Clients keep starting streams until the preStop returns (traffic still arrives while endpoints
@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.deploy.manifests import container, pod_spec, prestop_seconds
-from tools.serving import StreamResult, stream_completion, wait_until_tokens_flow
+from tests.harness import StreamResult, stream_completion, wait_until_tokens_flow
 
 from .conftest import DOCKER, docker, free_port
 
@@ -44,8 +44,10 @@ class Traffic:
         self._stop = threading.Event()
         self.results: list[StreamResult] = []
         self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, args=(url, model, timeout))
-                         for _ in range(CLIENTS)]
+        self._threads = [
+            threading.Thread(target=self._client, args=(url, model, timeout))
+            for _ in range(CLIENTS)
+        ]
         for t in self._threads:
             t.start()
 
@@ -78,7 +80,12 @@ class Traffic:
 def kubelet_flags(spec: dict, c: dict, volume_root: pathlib.Path) -> list[str]:
     """`docker run` flags for what kubelet gives this container (the subset the spec uses)."""
     psc, csc = spec["securityContext"], c["securityContext"]
-    flags = ["--user", f"{psc['runAsUser']}:{psc['runAsGroup']}", "--group-add", str(psc["fsGroup"])]
+    flags = [
+        "--user",
+        f"{psc['runAsUser']}:{psc['runAsGroup']}",
+        "--group-add",
+        str(psc["fsGroup"]),
+    ]
     if csc.get("readOnlyRootFilesystem"):
         flags.append("--read-only")
     for cap in csc.get("capabilities", {}).get("drop", []):
@@ -104,17 +111,45 @@ def kubelet_flags(spec: dict, c: dict, volume_root: pathlib.Path) -> list[str]:
 
 
 def exec_rc(cid: str, command: list[str], timeout: float) -> int:
-    return subprocess.run([DOCKER, "exec", cid, *command], capture_output=True,
-                          timeout=timeout).returncode
+    return subprocess.run(
+        [DOCKER, "exec", cid, *command], capture_output=True, timeout=timeout
+    ).returncode
+
+
+# What kubelet's httpGet does, from inside the pod's network namespace: success is 200-399.
+HTTP_GET = """import sys, urllib.request, urllib.error
+try:
+    status = urllib.request.urlopen(sys.argv[1], timeout=float(sys.argv[2])).status
+except urllib.error.HTTPError as e:
+    status = e.code
+sys.exit(0 if 200 <= status < 400 else 1)"""
+
+
+def probe_rc(cid: str, probe: dict, timeout: float) -> int:
+    """Run a Kubernetes probe (exec or httpGet) against the container: 0 = success."""
+    if "exec" in probe:
+        return exec_rc(cid, probe["exec"]["command"], timeout)
+    get = probe["httpGet"]
+    url = f"http://127.0.0.1:{get['port']}{get['path']}"
+    python = ["/opt/venv/bin/python", "-c", HTTP_GET, url, str(probe.get("timeoutSeconds", 1))]
+    return exec_rc(cid, python, timeout)
 
 
 @pytest.fixture
 def pod(cpu_image, tmp_path):
     spec, c = pod_spec(OVERLAY), container(OVERLAY)
     port = free_port()
-    cid = docker("run", "-d", "--label", "io.github.vllm-intel.test=kubelet-termination",
-                 "-p", f"127.0.0.1:{port}:{c['ports'][0]['containerPort']}",
-                 *kubelet_flags(spec, c, tmp_path), cpu_image(), *c.get("args", [])).stdout.strip()
+    cid = docker(
+        "run",
+        "-d",
+        "--label",
+        "io.github.vllm-intel.test=kubelet-termination",
+        "-p",
+        f"127.0.0.1:{port}:{c['ports'][0]['containerPort']}",
+        *kubelet_flags(spec, c, tmp_path),
+        cpu_image(),
+        *c.get("args", []),
+    ).stdout.strip()
     yield spec, c, cid, f"http://127.0.0.1:{port}"
     logs = docker("logs", "--tail", "60", cid, check=False)
     print(logs.stdout[-4000:], logs.stderr[-4000:])
@@ -127,15 +162,15 @@ def test_kubelet_termination_drains_streams(pod):
     spec, c, cid, url = pod
     grace = spec["terminationGracePeriodSeconds"]
 
-    # startupProbe: until `probe ready` passes, within its budget.
+    # startupProbe: until it passes (GET /ready on the probe port), within its budget.
     sp = c["startupProbe"]
     end = time.monotonic() + sp["periodSeconds"] * sp["failureThreshold"]
-    while exec_rc(cid, sp["exec"]["command"], sp["timeoutSeconds"] + 10) != 0:
+    while probe_rc(cid, sp, sp["timeoutSeconds"] + 10) != 0:
         state = json.loads(docker("inspect", cid).stdout)[0]["State"]
         assert state["Running"], f"container exited while starting: {state}"
         assert time.monotonic() < end, "startupProbe budget exhausted"
         time.sleep(2)
-    assert exec_rc(cid, c["livenessProbe"]["exec"]["command"], 30) == 0
+    assert probe_rc(cid, c["livenessProbe"], 30) == 0
 
     model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
     traffic = Traffic(url, model, timeout=grace + 60)
@@ -155,8 +190,8 @@ def test_kubelet_termination_drains_streams(pod):
     docker("kill", "-s", "TERM", cid)
 
     # Draining: readiness fails at once (the pod leaves the endpoints), liveness still passes.
-    assert exec_rc(cid, c["readinessProbe"]["exec"]["command"], 30) != 0
-    assert exec_rc(cid, c["livenessProbe"]["exec"]["command"], 30) == 0
+    assert probe_rc(cid, c["readinessProbe"], 30) != 0
+    assert probe_rc(cid, c["livenessProbe"], 30) == 0
 
     try:
         docker("wait", cid, timeout=max(t_kill - time.monotonic(), 1))
@@ -167,11 +202,16 @@ def test_kubelet_termination_drains_streams(pod):
     results = traffic.join(timeout=60)
 
     in_flight = sum(r.ended > t_term for r in results)
-    print(f"preStop {prestop_took:.1f} s, exit {exited - t_term:.1f} s after SIGTERM "
-          f"({exited - prestop_started:.1f} s of the {grace} s grace); "
-          f"{len(results)} streams, {in_flight} of them in flight at SIGTERM")
-    bad = [r for r in results if not (r.status == 200 and r.done and r.finish_reason == "length"
-                                      and r.error is None)]
+    print(
+        f"preStop {prestop_took:.1f} s, exit {exited - t_term:.1f} s after SIGTERM "
+        f"({exited - prestop_started:.1f} s of the {grace} s grace); "
+        f"{len(results)} streams, {in_flight} of them in flight at SIGTERM"
+    )
+    bad = [
+        r
+        for r in results
+        if not (r.status == 200 and r.done and r.finish_reason == "length" and r.error is None)
+    ]
     assert not bad, f"streams not completed with [DONE]: {bad}"
     assert in_flight >= 1, "no stream was in flight at SIGTERM: raise STREAM_TOKENS"
     state = json.loads(docker("inspect", cid).stdout)[0]["State"]

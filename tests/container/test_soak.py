@@ -1,4 +1,4 @@
-"""Stop/start cycles of one container with the same volumes, each stop during traffic (issue 7).
+"""Stop/start cycles of one container with the same volumes, each stop during traffic.
 
 Not part of `make test` (about 20 x 65 s): run it with `make soak` (CYCLES=20 by default).
 Every start must become healthy, every stop must drain the streams in flight and exit 0, and
@@ -22,9 +22,10 @@ import time
 
 import pytest
 
-from tools.serving import Streams, wait_until_tokens_flow
+from tests.harness import DEFAULT_VLLM, ROOT, Streams, wait_until_tokens_flow
+from vllm_intel.supervisor import settings
 
-from .conftest import DEFAULT_VLLM, ROOT, docker
+from .conftest import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.soak]
 
@@ -33,13 +34,19 @@ CRASH_AT = CYCLES // 2
 
 
 def usage(cid: str) -> dict[str, int]:
-    out = docker("exec", cid, "/opt/venv/bin/python", "-c", """
+    out = docker(
+        "exec",
+        cid,
+        "/opt/venv/bin/python",
+        "-c",
+        """
 import os
 def size(d):
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs
                if os.path.exists(os.path.join(r, f)))
 print(size('/dev/shm'), len(os.listdir('/tmp')), len(os.listdir('/proc/1/fd')))
-""").stdout.split()
+""",
+    ).stdout.split()
     return dict(zip(("shm_bytes", "tmp_entries", "pid1_fds"), map(int, out)))
 
 
@@ -56,13 +63,18 @@ def wait_healthy(c, timeout: float = 600) -> float:
 def persistent_shm():
     """A host tmpfs directory for /dev/shm (an emptyDir of medium Memory) and the compose file
     that mounts it; yields (directory, compose file)."""
-    host_shm = pathlib.Path(tempfile.mkdtemp(prefix="vllm-intel-soak-shm-",
-                                             dir="/dev/shm" if os.path.isdir("/dev/shm") else None))
+    host_shm = pathlib.Path(
+        tempfile.mkdtemp(
+            prefix="vllm-intel-soak-shm-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None
+        )
+    )
     host_shm.chmod(0o1777)  # like an emptyDir: the image's non-root user writes here
     override = ROOT / "build" / f"{host_shm.name}.compose.yaml"
     override.parent.mkdir(exist_ok=True)
-    override.write_text("services:\n  vllm-cpu:\n    volumes:\n"
-                        f"      - {{type: bind, source: {host_shm}, target: /dev/shm}}\n")
+    override.write_text(
+        "services:\n  vllm-cpu:\n    volumes:\n"
+        f"      - {{type: bind, source: {host_shm}, target: /dev/shm}}\n"
+    )
     yield host_shm, str(override)
     override.unlink(missing_ok=True)
     shutil.rmtree(host_shm, ignore_errors=True)
@@ -88,7 +100,9 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_
             print(f"cycle {cycle}: healthy after {took:.0f} s")
         if cycle == CRASH_AT + 1:
             log = docker("logs", "--since", "5m", cid)
-            lines = [line for line in (log.stdout + log.stderr).splitlines() if "stale leftover" in line]
+            lines = [
+                line for line in (log.stdout + log.stderr).splitlines() if "stale leftover" in line
+            ]
             assert lines, c.logs()
             print(f"cycle {cycle}: {lines[-1][:300]}")
             # Every segment the crash left on the volume was found and removed.
@@ -107,11 +121,13 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_
             streams.join()
             left_by_crash = segments(host_shm)
             left_by_crash_names = sorted(f.name for f in host_shm.iterdir())
-            print(f"cycle {cycle}: SIGKILL left {left_by_crash[0]} file(s), "
-                  f"{left_by_crash[1] / 2**20:.0f} MiB in /dev/shm: {left_by_crash_names}")
+            print(
+                f"cycle {cycle}: SIGKILL left {left_by_crash[0]} file(s), "
+                f"{left_by_crash[1] / 2**20:.0f} MiB in /dev/shm: {left_by_crash_names}"
+            )
             assert left_by_crash[0] > 0, "the crash left nothing behind: the case is not exercised"
             continue
-        docker("stop", "-t", "45", cid, timeout=120)
+        docker("stop", "-t", str(settings.grace_period(settings.DEFAULT_DRAIN_S)), cid, timeout=120)
         results = streams.join()
         state = c.inspect()["State"]
         assert state["ExitCode"] == 0, c.logs()
@@ -121,9 +137,11 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_
         drained += 1
         streams_done += len(results)
     print("usage per cycle:", seen)
-    print(f"summary: {CYCLES} cycles, {drained} drained stops ({streams_done} streams, all [DONE]), "
-          f"1 SIGKILL, {left_by_crash[0]} leftover file(s) ({left_by_crash[1] / 2**20:.0f} MiB) "
-          f"found and removed at the next start")
+    print(
+        f"summary: {CYCLES} cycles, {drained} drained stops ({streams_done} streams, all [DONE]), "
+        f"1 SIGKILL, {left_by_crash[0]} leftover file(s) ({left_by_crash[1] / 2**20:.0f} MiB) "
+        f"found and removed at the next start"
+    )
     assert crashes_recovered == 1
     # Nothing accumulates: the last cycle uses no more than the second one (the first one warms up).
     for key in ("shm_bytes", "tmp_entries", "pid1_fds"):

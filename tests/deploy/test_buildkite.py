@@ -23,8 +23,12 @@ def steps() -> list[dict]:
 
 def test_pipeline_schema():
     exe = Path(sys.executable).parent / "check-jsonschema"
-    out = subprocess.run([str(exe), "--builtin-schema", "vendor.buildkite", str(PIPELINE)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [str(exe), "--builtin-schema", "vendor.buildkite", str(PIPELINE)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
 
 
@@ -90,9 +94,13 @@ def test_xpu_jobs_cover_every_release_of_the_recipe_table():
 
 def test_network_errors_map_to_the_retried_exit_status(tmp_path):
     def _lib(snippet: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", "-c", f'source "{STEPS}/lib.sh"; {snippet}'],
-                              env={"PATH": "/usr/bin:/bin", "VLLM_INTEL_CI_LOGS": str(tmp_path)},
-                              capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            ["bash", "-c", f'source "{STEPS}/lib.sh"; {snippet}'],
+            env={"PATH": "/usr/bin:/bin", "VLLM_INTEL_CI_LOGS": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     r = _lib("network_retryable bash -c 'echo \"Temporary failure in name resolution\"; exit 1'")
     assert r.returncode == 75, r.stdout + r.stderr

@@ -11,22 +11,42 @@ import sys
 
 import pytest
 
-from .manifests import (K8S, OVERLAYS, ROOT, compose, compose_default, container, dockerfile_app_stage,
-                        env, one, pod_spec, prestop_seconds, render, render_text)
+from vllm_intel.supervisor import settings
+
+from .manifests import (
+    K8S,
+    OVERLAYS,
+    ROOT,
+    compose,
+    compose_default,
+    container,
+    dockerfile_app_stage,
+    env,
+    one,
+    pod_spec,
+    prestop_seconds,
+    render,
+    render_text,
+)
 
 # The Kubernetes releases whose bundled schemas (kubernetes-validate, offline) must accept the
 # manifests: the oldest we claim (the exec preStop is there for it) and the newest bundled one.
 K8S_VERSIONS = ("1.29", None)
 PROBE = ["/opt/venv/bin/python", "/opt/vllm-intel/entrypoint.py", "probe"]
-WRITABLE = {"/tmp", "/home/vllm/.cache", "/dev/shm"}   # docs/CONVENTIONS.md, "Image layout"
+WRITABLE = {"/tmp", "/home/vllm/.cache", "/dev/shm"}  # docs/CONVENTIONS.md, "Image layout"
 UID = 10001
 
 
 def entrypoint_grace(environ: dict[str, str]) -> int:
     """`entrypoint.py grace-period` (DRAIN + TEARDOWN + MARGIN) with the given settings."""
     keep = {k: v for k, v in os.environ.items() if not k.startswith("INTEL_VLLM_")}
-    out = subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "grace-period"],
-                         env={**keep, **environ}, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "entrypoint.py"), "grace-period"],
+        env={**keep, **environ},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.strip())
 
 
@@ -34,7 +54,10 @@ def gi(quantity: str) -> float:
     """GiB in a Kubernetes quantity (2Gi) or a Docker size (2g, binary units as Docker uses)."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(Gi|Mi|g|m)?b?", str(quantity), re.I)
     assert m, quantity
-    return float(m.group(1)) * {"gi": 1, "g": 1, "mi": 1 / 1024, "m": 1 / 1024}[(m.group(2) or "g").lower()]
+    return (
+        float(m.group(1))
+        * {"gi": 1, "g": 1, "mi": 1 / 1024, "m": 1 / 1024}[(m.group(2) or "g").lower()]
+    )
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -62,14 +85,16 @@ def test_grace_period_is_prestop_plus_entrypoint_grace(overlay):
     hold the preStop sleep plus what entrypoint.py needs for the same drain setting."""
     spec, c = pod_spec(overlay), container(overlay)
     prestop = prestop_seconds(c)
-    grace = entrypoint_grace(env(c))       # DRAIN + 15 with the pod's own env (device included)
+    grace = entrypoint_grace(env(c))  # DRAIN + 15 with the pod's own env (device included)
     drain = int(env(c)["INTEL_VLLM_DRAIN_TIMEOUT"])
-    assert grace >= drain + 15
+    assert grace >= settings.grace_period(drain)
     assert spec["terminationGracePeriodSeconds"] == prestop + grace, (
         f"{overlay}: terminationGracePeriodSeconds {spec['terminationGracePeriodSeconds']} != "
-        f"preStop {prestop:g} + entrypoint grace-period {grace}")
+        f"preStop {prestop:g} + entrypoint grace-period {grace}"
+    )
     # A preStop long enough for endpoint removal to propagate, short next to the drain.
     assert 2 <= prestop <= 15
+    assert prestop == settings.PRESTOP_S  # the value docs/deploy.md shows
 
 
 def test_grace_formula_is_written_next_to_the_value():
@@ -82,8 +107,10 @@ def test_compose_grace_period_matches_entrypoint():
     for name, svc in svcs.items():
         drain = compose_default(svc["environment"]["INTEL_VLLM_DRAIN_TIMEOUT"])
         grace = compose_default(svc["stop_grace_period"])
-        environ = {"INTEL_VLLM_DRAIN_TIMEOUT": drain,
-                   "INTEL_VLLM_DEVICE": "xpu" if "xpu" in name else "cpu"}
+        environ = {
+            "INTEL_VLLM_DRAIN_TIMEOUT": drain,
+            "INTEL_VLLM_DEVICE": "xpu" if "xpu" in name else "cpu",
+        }
         # compose stops with SIGTERM at once (no preStop), so its grace is the entrypoint's.
         assert grace == f"{entrypoint_grace(environ)}s", f"{name}: stop_grace_period {grace}"
 
@@ -94,9 +121,15 @@ def test_probes_and_prestop_use_the_image_paths(overlay):
     stage = dockerfile_app_stage(overlay)
     entry = json.loads(stage["ENTRYPOINT"][-1])
     assert entry == PROBE[:2], f"Dockerfile.{overlay} ENTRYPOINT {entry}"
-    assert c["startupProbe"]["exec"]["command"] == PROBE + ["ready"]   # covers model loading
-    assert c["readinessProbe"]["exec"]["command"] == PROBE + ["ready"]  # fails while draining
-    assert c["livenessProbe"]["exec"]["command"] == PROBE + ["live"]
+    # httpGet on the supervisor's probe port, the one the image sets: no process per probe.
+    probe_port = int(re.search(r"INTEL_VLLM_PROBE_PORT=(\d+)", " ".join(stage["ENV"])).group(1))
+    assert "INTEL_VLLM_PROBE_PORT" not in env(c)  # nothing may move it away from the probes
+    for name, path in (
+        ("startupProbe", "/ready"),
+        ("readinessProbe", "/ready"),
+        ("livenessProbe", "/live"),
+    ):  # covers loading; fails while draining; holds
+        assert c[name]["httpGet"] == {"path": path, "port": probe_port}, name
     assert c["lifecycle"]["preStop"]["exec"]["command"][0] == entry[0]
     # The image's HEALTHCHECK and compose's healthcheck run the same readiness command.
     assert stage["HEALTHCHECK"][-1].split("CMD", 1)[1].strip() == json.dumps(PROBE + ["ready"])
@@ -113,8 +146,8 @@ def test_exec_form_only(overlay):
     """entrypoint.py must stay PID 1: no `command:` override, no shell anywhere."""
     c = container(overlay)
     assert "command" not in c, "keep the image's ENTRYPOINT (entrypoint.py as PID 1)"
-    hooks = [c[p]["exec"]["command"] for p in ("startupProbe", "readinessProbe", "livenessProbe")]
-    hooks.append(c["lifecycle"]["preStop"]["exec"]["command"])
+    hooks = [c["lifecycle"]["preStop"]["exec"]["command"]]
+    assert not any("exec" in c[p] for p in ("startupProbe", "readinessProbe", "livenessProbe"))
     for argv in hooks + [c.get("args", [])]:
         assert argv and not {"sh", "bash", "dash"} & {a.rsplit("/", 1)[-1] for a in argv}, argv
 
@@ -187,11 +220,16 @@ def test_standard_labels_and_selectors(overlay):
         assert labels["app.kubernetes.io/name"] == "vllm-intel"
         assert labels["app.kubernetes.io/instance"] == f"vllm-intel-{overlay}"
         assert labels["app.kubernetes.io/version"] == version
-        assert {"app.kubernetes.io/component", "app.kubernetes.io/part-of",
-                "app.kubernetes.io/managed-by"} <= set(labels)
+        assert {
+            "app.kubernetes.io/component",
+            "app.kubernetes.io/part-of",
+            "app.kubernetes.io/managed-by",
+        } <= set(labels)
     pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
-    for selector in (one(docs, "Deployment")["spec"]["selector"]["matchLabels"],
-                     one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
-                     one(docs, "Service")["spec"]["selector"]):
+    for selector in (
+        one(docs, "Deployment")["spec"]["selector"]["matchLabels"],
+        one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+        one(docs, "Service")["spec"]["selector"],
+    ):
         assert selector.items() <= pod_labels.items()
         assert selector["app.kubernetes.io/instance"] == f"vllm-intel-{overlay}"

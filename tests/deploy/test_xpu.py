@@ -21,8 +21,20 @@ import sys
 
 import pytest
 
-from .manifests import (ROOT, XPU_CACHE_ENV, XPU_OVERLAYS, compose, compose_default, container, dockerfile_env,
-                        env, pod_spec, render, render_text, xpu_cache_dirs)
+from .manifests import (
+    ROOT,
+    XPU_CACHE_ENV,
+    XPU_OVERLAYS,
+    compose,
+    compose_default,
+    container,
+    dockerfile_env,
+    env,
+    pod_spec,
+    render,
+    render_text,
+    xpu_cache_dirs,
+)
 
 COMPOSE_SH = ROOT / "scripts" / "compose.sh"
 RENDER_GID = ROOT / "scripts" / "render-gid.sh"
@@ -34,14 +46,18 @@ def clean_env(**extra: str) -> dict[str, str]:
     """This process's environment without the settings a developer may have exported, and with a
     Docker host that does not exist: nothing here may reach a real engine, even when a check is
     broken."""
-    keep = {k: v for k, v in os.environ.items()
-            if not k.startswith(("INTEL_VLLM_", "COMPOSE_", "DOCKER_"))}
+    keep = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("INTEL_VLLM_", "COMPOSE_", "DOCKER_"))
+    }
     return {**keep, "DOCKER_HOST": "unix:///nonexistent/vllm-intel-test.sock", **extra}
 
 
 def run(cmd: list[str], **extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(c) for c in cmd], env=clean_env(**extra), capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [str(c) for c in cmd], env=clean_env(**extra), capture_output=True, text=True, timeout=120
+    )
 
 
 def one_line_error(out: subprocess.CompletedProcess, code: int, *words: str) -> None:
@@ -54,7 +70,10 @@ def one_line_error(out: subprocess.CompletedProcess, code: int, *words: str) -> 
 
 def seconds(v) -> float:
     """A compose duration as `config` renders it (Go: "10m0s") or as written ("600s")."""
-    return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"([\d.]+)([hms])", str(v)))
+    return sum(
+        float(n) * {"h": 3600, "m": 60, "s": 1}[u]
+        for n, u in re.findall(r"([\d.]+)([hms])", str(v))
+    )
 
 
 def fake_dri(tmp: pathlib.Path, gids: list[int], by_path: bool = True) -> pathlib.Path:
@@ -89,6 +108,7 @@ GID = 4242
 
 # --- compose --------------------------------------------------------------------------------------
 
+
 @needs_root
 def test_shipped_env_example_after_xpu_env_resolves_device_access(tmp_path):
     envfile = tmp_path / ".env"
@@ -115,30 +135,44 @@ def test_xpu_start_period_fits_a_first_jit_compile(tmp_path):
     raw = compose()["services"]["vllm-xpu"]["healthcheck"]
     assert seconds(compose_default(raw["start_period"])) == xpu
     # The XPU healthcheck is the shared one but for the start period.
-    assert {k: v for k, v in svcs["vllm-xpu"]["healthcheck"].items() if k != "start_period"} == \
-           {k: v for k, v in svcs["vllm-cpu"]["healthcheck"].items() if k != "start_period"}
+    assert {k: v for k, v in svcs["vllm-xpu"]["healthcheck"].items() if k != "start_period"} == {
+        k: v for k, v in svcs["vllm-cpu"]["healthcheck"].items() if k != "start_period"
+    }
 
 
 def test_shipped_env_example_holds_no_gid():
     """No number is right on every host; the documented step writes the host's."""
-    lines = [ln for ln in (ROOT / ".env.example").read_text().splitlines()
-             if ln.startswith("INTEL_VLLM_RENDER_GID=")]
+    lines = [
+        ln
+        for ln in (ROOT / ".env.example").read_text().splitlines()
+        if ln.startswith("INTEL_VLLM_RENDER_GID=")
+    ]
     assert lines == ["INTEL_VLLM_RENDER_GID="]
 
 
-@pytest.mark.parametrize("args", [
-    ["--profile", "xpu", "up", "-d", "--wait", "vllm-xpu"],
-    ["--profile=xpu", "up", "-d"],
-    ["run", "--rm", "vllm-xpu"],
-    ["--profile", "xpu", "create"],
-], ids=lambda a: " ".join(a))
-@pytest.mark.parametrize("value", [None, "", "render", "99x"], ids=["unset", "empty", "name", "junk"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--profile", "xpu", "up", "-d", "--wait", "vllm-xpu"],
+        ["--profile=xpu", "up", "-d"],
+        ["run", "--rm", "vllm-xpu"],
+        ["--profile", "xpu", "create"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+@pytest.mark.parametrize(
+    "value", [None, "", "render", "99x"], ids=["unset", "empty", "name", "junk"]
+)
 def test_compose_sh_refuses_to_start_xpu_without_numeric_gid(args, value, tmp_path):
     envfile = tmp_path / ".env"
-    shutil.copy(ROOT / ".env.example", envfile)   # shipped, before `make xpu-env`
+    shutil.copy(ROOT / ".env.example", envfile)  # shipped, before `make xpu-env`
     extra = {} if value is None else {"INTEL_VLLM_RENDER_GID": value}
     out = run([COMPOSE_SH, "--env-file", envfile, *args], **extra)
-    said = f"INTEL_VLLM_RENDER_GID={value} is not a numeric gid" if value else "INTEL_VLLM_RENDER_GID is not set"
+    said = (
+        f"INTEL_VLLM_RENDER_GID={value} is not a numeric gid"
+        if value
+        else "INTEL_VLLM_RENDER_GID is not set"
+    )
     one_line_error(out, 64, said, "make xpu-env")
 
 
@@ -156,11 +190,15 @@ def test_compose_sh_reads_the_gid_from_the_env_file(tmp_path):
     one_line_error(out, 64, "INTEL_VLLM_RENDER_GID=render")
 
 
-@pytest.mark.parametrize("args, extra", [
-    (["--profile", "xpu", "up", "-d", "vllm-xpu"], {"INTEL_VLLM_RENDER_GID": str(GID)}),
-    (["up", "-d"], {}),                                    # the CPU service needs no gid
-    (["--profile", "xpu", "config", "--quiet"], {}),       # scripts/lint.sh validates the defaults
-], ids=["numeric", "cpu", "config"])
+@pytest.mark.parametrize(
+    "args, extra",
+    [
+        (["--profile", "xpu", "up", "-d", "vllm-xpu"], {"INTEL_VLLM_RENDER_GID": str(GID)}),
+        (["up", "-d"], {}),  # the CPU service needs no gid
+        (["--profile", "xpu", "config", "--quiet"], {}),  # scripts/lint.sh validates the defaults
+    ],
+    ids=["numeric", "cpu", "config"],
+)
 def test_compose_sh_lets_the_rest_through(args, extra, tmp_path):
     envfile = tmp_path / ".env"
     shutil.copy(ROOT / ".env.example", envfile)
@@ -168,11 +206,12 @@ def test_compose_sh_lets_the_rest_through(args, extra, tmp_path):
     assert "render-gid:" not in out.stderr, out.stderr
     if "config" in args:
         assert out.returncode == 0, out.stderr
-    else:   # it got as far as Docker: the engine does not exist on purpose
+    else:  # it got as far as Docker: the engine does not exist on purpose
         assert out.returncode not in (0, 64) and "nonexistent" in out.stderr, out.stderr
 
 
 # --- scripts/render-gid.sh ------------------------------------------------------------------------
+
 
 @needs_root
 def test_render_gid_replaces_an_existing_value(tmp_path):
@@ -194,7 +233,9 @@ def test_render_gid_appends_and_creates(tmp_path):
     fresh = tmp_path / "fresh.env"
     assert xpu_env(dri, fresh).returncode == 0
     example = (ROOT / ".env.example").read_text()
-    assert fresh.read_text() == example.replace("\nINTEL_VLLM_RENDER_GID=\n", f"\nINTEL_VLLM_RENDER_GID={GID}\n")
+    assert fresh.read_text() == example.replace(
+        "\nINTEL_VLLM_RENDER_GID=\n", f"\nINTEL_VLLM_RENDER_GID={GID}\n"
+    )
 
 
 def test_render_gid_without_render_node(tmp_path):
@@ -221,8 +262,9 @@ def test_render_gid_warns_without_by_path(tmp_path):
     assert out.returncode == 0 and "by-path" in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize("value, code", [("992", 0), ("0", 0), ("", 64), ("render", 64), ("-1", 64),
-                                         ("9 9", 64)])
+@pytest.mark.parametrize(
+    "value, code", [("992", 0), ("0", 0), ("", 64), ("render", 64), ("-1", 64), ("9 9", 64)]
+)
 def test_render_gid_check(value, code):
     out = run([RENDER_GID, "check", value])
     if code:
@@ -242,14 +284,21 @@ def test_documented_exit_codes():
 
 # --- Kubernetes -----------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("overlay", ["xpu-xe"])
 @pytest.mark.parametrize("version", ("1.29", None), ids=lambda v: v or "latest")
 def test_xe_overlay_validates_strict(overlay, version, tmp_path):
     # The xpu overlay runs through test_k8s.py's parametrised checks; this one adds its variant.
-    assert sorted(d["kind"] for d in render(overlay)) == ["Deployment", "PodDisruptionBudget", "Service"]
+    assert sorted(d["kind"] for d in render(overlay)) == [
+        "Deployment",
+        "PodDisruptionBudget",
+        "Service",
+    ]
     path = tmp_path / f"{overlay}.yaml"
     path.write_text(render_text(overlay))
-    cmd = [sys.executable, "-m", "kubernetes_validate", "--strict"] + (["-k", version] if version else [])
+    cmd = [sys.executable, "-m", "kubernetes_validate", "--strict"] + (
+        ["-k", version] if version else []
+    )
     out = subprocess.run(cmd + [str(path)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.count("passed") == 3, out.stdout + out.stderr
 
@@ -272,7 +321,9 @@ def test_gpu_resource_in_requests_and_limits(overlay, resource):
 def test_node_render_gid_is_a_supplemental_group(overlay):
     psc = pod_spec(overlay)["securityContext"]
     groups = psc.get("supplementalGroups")
-    assert groups and all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in groups), groups
+    assert groups and all(
+        isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in groups
+    ), groups
     # Added to the base's securityContext, not instead of it.
     assert psc["runAsNonRoot"] is True and psc["runAsUser"] == 10001
     # The placeholder says it is one, and how to find the real value.
@@ -291,11 +342,14 @@ def test_xpu_compile_caches_are_on_writable_volumes(overlay):
     spec, c = pod_spec(overlay), container(overlay)
     assert c["securityContext"]["readOnlyRootFilesystem"] is True
     volumes = {v["name"]: v for v in spec["volumes"]}
-    writable = [m["mountPath"] for m in c["volumeMounts"]
-                if not m.get("readOnly") and "emptyDir" in volumes[m["name"]]]
+    writable = [
+        m["mountPath"]
+        for m in c["volumeMounts"]
+        if not m.get("readOnly") and "emptyDir" in volumes[m["name"]]
+    ]
     image = dockerfile_env("xpu")
     paths = {**xpu_cache_dirs(), **{k: v for k, v in image.items() if k.endswith("_CACHE_DIR")}}
-    paths.update({k: v for k, v in env(c).items() if k in paths})   # the pod's env wins
+    paths.update({k: v for k, v in env(c).items() if k in paths})  # the pod's env wins
     assert set(XPU_CACHE_ENV) <= set(paths)
     for name, path in paths.items():
         p = pathlib.PurePosixPath(path)
@@ -307,6 +361,9 @@ def test_xpu_startup_budget_fits_a_first_jit_compile():
     def budget(overlay):
         sp = container(overlay)["startupProbe"]
         return sp["periodSeconds"] * sp["failureThreshold"]
-    compose_xpu = seconds(compose_default(compose()["services"]["vllm-xpu"]["healthcheck"]["start_period"]))
+
+    compose_xpu = seconds(
+        compose_default(compose()["services"]["vllm-xpu"]["healthcheck"]["start_period"])
+    )
     for overlay in XPU_OVERLAYS:
         assert budget(overlay) > budget("cpu") and budget(overlay) >= compose_xpu, overlay

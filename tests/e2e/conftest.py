@@ -12,9 +12,7 @@ import time
 
 import pytest
 
-from tools.serving import Server, alive, descendants, free_port, shm_segments
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
+from tests.harness import ROOT, Server, alive, descendants, free_port, shm_segments
 
 
 @pytest.fixture
@@ -25,10 +23,25 @@ def serve(tmp_path, tiny_model):
     def start(*flags: str, drain: int = 30, wait: bool = True) -> Server:
         port = free_port()
         tmp = pathlib.Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))  # short: IPC socket paths
-        env = {"TMPDIR": str(tmp), "INTEL_VLLM_DRAIN_TIMEOUT": str(drain),
-               "INTEL_VLLM_STATE_FILE": str(tmp / "state.json")}
-        s = Server([sys.executable, str(ROOT / "entrypoint.py"), "serve", str(tiny_model),
-                    "--port", str(port), *flags], port, tmp_path / f"server-{len(servers)}.log", env)
+        env = {
+            "TMPDIR": str(tmp),
+            "INTEL_VLLM_DRAIN_TIMEOUT": str(drain),
+            "INTEL_VLLM_STATE_FILE": str(tmp / "state.json"),
+        }
+        s = Server(
+            [
+                sys.executable,
+                str(ROOT / "entrypoint.py"),
+                "serve",
+                str(tiny_model),
+                "--port",
+                str(port),
+                *flags,
+            ],
+            port,
+            tmp_path / f"server-{len(servers)}.log",
+            env,
+        )
         s.tmp = tmp
         servers.append(s)
         if not wait:
@@ -61,8 +74,11 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def probe(s: Server, kind: str) -> int:
-    return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "probe", kind, "--port",
-                           str(s.port)], env=s.env, capture_output=True).returncode
+    return subprocess.run(
+        [sys.executable, str(ROOT / "entrypoint.py"), "probe", kind, "--port", str(s.port)],
+        env=s.env,
+        capture_output=True,
+    ).returncode
 
 
 def assert_nothing_left(s: Server, expect_shm: bool = True) -> None:

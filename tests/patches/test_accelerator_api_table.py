@@ -5,12 +5,11 @@ on plain torch and with vLLM 0.27.1 / 0.32.0 binders re-run after the plugin."""
 from __future__ import annotations
 
 import pytest
-
 from _patchtest import run_json
 
 ENUMERATE = r"""
 import collections, inspect, json, re, sys, torch
-import vllm_intel_patches.cpu_accelerator_api as api
+import vllm_intel.patches.cpu_accelerator_api as api
 A = torch.accelerator
 public = sorted(A.__all__)
 doc_rows = sorted(re.findall(r"^\| `(\w+)` \|", api.__doc__, re.M))
@@ -65,43 +64,66 @@ print(json.dumps(dict(public=public, doc_rows=doc_rows, table=sorted(table), sta
 BINDERS = {
     "plain": "",
     "0.27.1": "import vllm.v1.worker.cpu.shm\nfrom vllm.v1.worker import cpu_model_runner\n"
-              "cpu_model_runner._set_torch_accelerator_to_noop()",
+    "cpu_model_runner._set_torch_accelerator_to_noop()",
 }
 BINDERS["0.32.0"] = BINDERS["0.27.1"]
 
 # What each call must give on this CPU-only host (the docstring table, as data).
 EXPECTED_VALUE = {
-    "is_available": "False", "current_accelerator": "None", "device_count": "0",
-    "synchronize": "None", "empty_cache": "None", "empty_host_cache": "None",
-    "reset_peak_memory_stats": "None", "reset_accumulated_memory_stats": "None",
-    "memory_allocated": "0", "max_memory_allocated": "0", "memory_reserved": "0",
-    "max_memory_reserved": "0", "memory_stats": "OrderedDict()",
+    "is_available": "False",
+    "current_accelerator": "None",
+    "device_count": "0",
+    "synchronize": "None",
+    "empty_cache": "None",
+    "empty_host_cache": "None",
+    "reset_peak_memory_stats": "None",
+    "reset_accumulated_memory_stats": "None",
+    "memory_allocated": "0",
+    "max_memory_allocated": "0",
+    "memory_reserved": "0",
+    "max_memory_reserved": "0",
+    "memory_stats": "OrderedDict()",
 }
-EXPECTED_ERROR = {"get_memory_info", "current_device_index", "current_device_idx",
-                  "set_device_index", "set_device_idx", "get_device_capability",
-                  "current_stream", "set_stream", "device_index", "Graph"}
+EXPECTED_ERROR = {
+    "get_memory_info",
+    "current_device_index",
+    "current_device_idx",
+    "set_device_index",
+    "set_device_idx",
+    "get_device_capability",
+    "current_stream",
+    "set_stream",
+    "device_index",
+    "Graph",
+}
 
 
-@pytest.mark.parametrize("where", [
-    "plain",
-    pytest.param("0.27.1", marks=pytest.mark.vllm),
-    pytest.param("0.32.0", marks=pytest.mark.vllm),
-])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "plain",
+        pytest.param("0.27.1", marks=pytest.mark.vllm),
+        pytest.param("0.32.0", marks=pytest.mark.vllm),
+    ],
+)
 def test_every_public_call_follows_the_table(where, vllm_python, default_python):
     python = default_python if where == "plain" else vllm_python(where)
     backends = ["eager", "inductor"] if where == "plain" else ["eager"]
-    code = ENUMERATE.replace("VLLM_BINDERS", BINDERS[where]).replace(
-        "BACKENDS", repr(backends))
+    code = ENUMERATE.replace("VLLM_BINDERS", BINDERS[where]).replace("BACKENDS", repr(backends))
     out = run_json(python, code, timeout=900)
     assert out["state"] == "applied"
     # The table decides every public name of the installed torch, and only those.
     assert out["doc_rows"] == out["public"], "docstring table vs torch.accelerator.__all__"
     assert out["table"] == out["public"], "cpu_equivalents() vs torch.accelerator.__all__"
-    assert sorted(EXPECTED_VALUE) + sorted(EXPECTED_ERROR) and \
-        sorted([*EXPECTED_VALUE, *EXPECTED_ERROR]) == out["public"], "test data vs torch"
+    assert (
+        sorted(EXPECTED_VALUE) + sorted(EXPECTED_ERROR)
+        and sorted([*EXPECTED_VALUE, *EXPECTED_ERROR]) == out["public"]
+    ), "test data vs torch"
     for name, res in out["results"].items():
-        for mode, got in [("uncompiled", res["eager"]),
-                          *((f"compiled/{b}", r) for b, r in res["compiled"].items())]:
+        for mode, got in [
+            ("uncompiled", res["eager"]),
+            *((f"compiled/{b}", r) for b, r in res["compiled"].items()),
+        ]:
             if name == "get_memory_info" and where != "plain":
                 # vLLM's CPU worker binds host memory info here on purpose; we leave it.
                 assert got[0] == "value" and got[1].startswith("("), (name, mode, got)
@@ -109,5 +131,7 @@ def test_every_public_call_follows_the_table(where, vllm_python, default_python)
                 assert got == ["value", EXPECTED_VALUE[name]], (name, mode, got)
             else:
                 assert got[0] == "error", (name, mode, got)
-                assert got[1].startswith(f"torch.accelerator.{name}(") and \
-                    "no accelerator on this host" in got[1], (name, mode, got)
+                assert (
+                    got[1].startswith(f"torch.accelerator.{name}(")
+                    and "no accelerator on this host" in got[1]
+                ), (name, mode, got)

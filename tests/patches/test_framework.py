@@ -6,11 +6,10 @@ import importlib.metadata
 import logging
 
 import pytest
-
 from _patchtest import run_py
 
-import vllm_intel_patches as vip
-from vllm_intel_patches import _base, registry
+import vllm_intel.patches as vip
+from vllm_intel.patches import _base, registry
 
 MINE = ("cpu-accelerator-api", "cpu-accelerator-noops", "xpu-shutdown")
 
@@ -37,8 +36,12 @@ class Fake(_base.Patch):
 
 @pytest.fixture
 def fakes(monkeypatch):
-    ps = [Fake("good"), Fake("bad", boom=True), Fake("done", _base.UPSTREAM),
-          Fake("elsewhere", _base.NOT_APPLICABLE)]
+    ps = [
+        Fake("good"),
+        Fake("bad", boom=True),
+        Fake("done", _base.UPSTREAM),
+        Fake("elsewhere", _base.NOT_APPLICABLE),
+    ]
     monkeypatch.setattr(registry, "all_patches", lambda: ps)
     monkeypatch.setattr(vip, "_registered_pid", None)
     for k in (registry.ALLOW_ENV, registry.DENY_ENV, registry.STRICT_ENV):
@@ -48,7 +51,7 @@ def fakes(monkeypatch):
 
 def test_entry_point_is_registered():
     eps = importlib.metadata.entry_points(group="vllm.general_plugins")
-    ours = [ep for ep in eps if ep.value == "vllm_intel_patches:register"]
+    ours = [ep for ep in eps if ep.value == "vllm_intel.patches:register"]
     assert [ep.name for ep in ours] == ["intel_patches"]
     assert ours[0].load() is vip.register
 
@@ -57,7 +60,7 @@ def test_registry_lists_our_modules_with_docstrings():
     names = [p.name for p in registry.all_patches()]
     assert set(MINE) <= set(names) and len(names) == len(set(names))
     for mod in registry.PATCH_MODULES:
-        doc = importlib.import_module(f"vllm_intel_patches.{mod}").__doc__
+        doc = importlib.import_module(f"vllm_intel.patches.{mod}").__doc__
         # Every patch names its target, the upstream fix (or that there is none), the releases.
         for word in ("target", "upstream:", "release"):
             assert word in doc.lower(), (mod, word)
@@ -84,12 +87,15 @@ def test_not_needed_changes_nothing(fakes):
         assert fakes[name].apply() == state and fakes[name].applies == 0
 
 
-@pytest.mark.parametrize("allow,deny,enabled", [
-    (None, None, ["good", "bad", "done", "elsewhere"]),
-    ("good, done", None, ["good", "done"]),
-    (None, "bad", ["good", "done", "elsewhere"]),
-    ("good,bad", "bad", ["good"]),
-])
+@pytest.mark.parametrize(
+    "allow,deny,enabled",
+    [
+        (None, None, ["good", "bad", "done", "elsewhere"]),
+        ("good, done", None, ["good", "done"]),
+        (None, "bad", ["good", "done", "elsewhere"]),
+        ("good,bad", "bad", ["good"]),
+    ],
+)
 def test_selection(fakes, allow, deny, enabled):
     env = {k: v for k, v in ((registry.ALLOW_ENV, allow), (registry.DENY_ENV, deny)) if v}
     on, off, err = registry.select(env)
@@ -106,13 +112,15 @@ def test_unknown_name_is_a_config_error_but_known_names_still_count(fakes):
 
 def test_register_logs_one_line_and_never_raises(fakes, caplog, monkeypatch):
     monkeypatch.setenv(registry.DENY_ENV, "elsewhere")
-    with caplog.at_level(logging.INFO, logger="vllm.vllm_intel_patches"):
+    with caplog.at_level(logging.INFO, logger="vllm.vllm_intel.patches"):
         vip.register()
         vip.register()  # vLLM may call it again in the same process: no second line
     lines = [r.getMessage() for r in caplog.records if "patches (pid" in r.getMessage()]
     assert len(lines) == 1
-    assert lines[0].endswith("(pid %d, API server): good=applied bad=failed done=upstream "
-                             "elsewhere=disabled" % __import__("os").getpid())
+    assert lines[0].endswith(
+        "(pid %d, API server): good=applied bad=failed done=upstream "
+        "elsewhere=disabled" % __import__("os").getpid()
+    )
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == ["vllm-intel patch bad failed: RuntimeError: simulated failure"]
 
@@ -121,13 +129,14 @@ def test_register_strict_raises_naming_the_patch(fakes, monkeypatch):
     monkeypatch.setenv(registry.STRICT_ENV, "1")
     with pytest.raises(_base.PatchFailedError) as exc:
         vip.register()
-    assert str(exc.value) == ("vllm-intel patch bad failed: RuntimeError: simulated failure "
-                              "(INTEL_VLLM_PATCHES_STRICT=1)")
+    assert str(exc.value) == (
+        "vllm-intel patch bad failed: RuntimeError: simulated failure (INTEL_VLLM_PATCHES_STRICT=1)"
+    )
 
 
 def test_register_config_error(fakes, monkeypatch, caplog):
     monkeypatch.setenv(registry.ALLOW_ENV, "good,typo")
-    with caplog.at_level(logging.INFO, logger="vllm.vllm_intel_patches"):
+    with caplog.at_level(logging.INFO, logger="vllm.vllm_intel.patches"):
         vip.register()  # non-strict: logged once, known names applied
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 1 and "typo" in errors[0]
@@ -142,41 +151,59 @@ def test_main_prints_one_line_per_patch(fakes, capsys):
     assert vip.main([]) == 0
     out = capsys.readouterr().out.splitlines()
     assert [line.split()[:2] for line in out] == [
-        ["good", "applied"], ["bad", "failed"], ["done", "upstream"],
-        ["elsewhere", "not-applicable"]]
+        ["good", "applied"],
+        ["bad", "failed"],
+        ["done", "upstream"],
+        ["elsewhere", "not-applicable"],
+    ]
     assert out[1].endswith("RuntimeError: simulated failure")
 
 
 def test_main_strict_failure_exit_1(fakes, capsys):
     assert vip.main(["--strict"]) == 1
     err = capsys.readouterr().err.splitlines()
-    assert err == ["vllm-intel patches: vllm-intel patch bad failed: RuntimeError: simulated "
-                   "failure (INTEL_VLLM_PATCHES_STRICT=1)"]
+    assert err == [
+        "vllm-intel patches: vllm-intel patch bad failed: RuntimeError: simulated "
+        "failure (INTEL_VLLM_PATCHES_STRICT=1)"
+    ]
 
 
 def test_process_kind(monkeypatch):
     import multiprocessing
-    for name, kind in (("MainProcess", "API server"), ("EngineCore", "EngineCore"),
-                       ("EngineCore_DP1", "EngineCore DP1"), ("VllmWorker-0", "Worker")):
+
+    for name, kind in (
+        ("MainProcess", "API server"),
+        ("EngineCore", "EngineCore"),
+        ("EngineCore_DP1", "EngineCore DP1"),
+        ("VllmWorker-0", "Worker"),
+    ):
         monkeypatch.setattr(multiprocessing.current_process(), "name", name)
         assert vip.process_kind() == kind
 
 
 # -- the real CLI, in a subprocess ---------------------------------------------------------------
 
+
 def test_cli_prints_table(default_python):
-    cp = run_py(default_python, "import runpy; runpy.run_module('vllm_intel_patches', run_name='__main__')")
+    cp = run_py(
+        default_python, "import runpy; runpy.run_module('vllm_intel.patches', run_name='__main__')"
+    )
     assert cp.returncode == 0, cp.stderr
     rows = {line.split()[0]: line.split()[1] for line in cp.stdout.splitlines()}
-    assert {k: rows[k] for k in MINE} == {"cpu-accelerator-api": "applied",
-                                          "cpu-accelerator-noops": "upstream",
-                                          "xpu-shutdown": "upstream"}
+    assert {k: rows[k] for k in MINE} == {
+        "cpu-accelerator-api": "applied",
+        "cpu-accelerator-noops": "upstream",
+        "xpu-shutdown": "upstream",
+    }
 
 
 @pytest.mark.parametrize("var", [registry.ALLOW_ENV, registry.DENY_ENV])
 def test_cli_unknown_name_exit_64(default_python, var):
-    cp = run_py(default_python, "import sys, vllm_intel_patches as v; sys.exit(v.main([]))",
-                env={var: "cpu-accelerator-api,no-such-patch"})
+    cp = run_py(
+        default_python,
+        "import sys, vllm_intel.patches as v; sys.exit(v.main([]))",
+        env={var: "cpu-accelerator-api,no-such-patch"},
+    )
     assert cp.returncode == 64
     assert cp.stdout == ""
     err = [l for l in cp.stderr.splitlines() if l.startswith("vllm-intel")]
@@ -185,24 +212,32 @@ def test_cli_unknown_name_exit_64(default_python, var):
 
 def test_cli_strict_with_failing_patch(default_python):
     """A real patch made to fail (its apply raises) -> strict: exit 1, one line naming it."""
-    cp = run_py(default_python, """
-import sys, vllm_intel_patches as v
-from vllm_intel_patches import cpu_accelerator_api as api
+    cp = run_py(
+        default_python,
+        """
+import sys, vllm_intel.patches as v
+from vllm_intel.patches import cpu_accelerator_api as api
 def boom():
     raise OSError("cannot bind")
 api.PATCH._apply = boom
 sys.exit(v.main([]))
-""", env={registry.STRICT_ENV: "1"})
+""",
+        env={registry.STRICT_ENV: "1"},
+    )
     assert cp.returncode == 1
     # (stderr also carries third-party noise, e.g. triton's nanobind leak report at exit)
     assert [l for l in cp.stderr.splitlines() if l.startswith("vllm-intel")] == [
         "vllm-intel patches: vllm-intel patch cpu-accelerator-api failed: OSError: cannot bind "
-        "(INTEL_VLLM_PATCHES_STRICT=1)"]
+        "(INTEL_VLLM_PATCHES_STRICT=1)"
+    ]
     assert "cpu-accelerator-api    failed" in cp.stdout
 
 
 def test_cli_bad_argument_exit_64(default_python):
-    cp = run_py(default_python, "import sys, vllm_intel_patches as v; sys.exit(v.main(['--bogus']))")
+    cp = run_py(
+        default_python, "import sys, vllm_intel.patches as v; sys.exit(v.main(['--bogus']))"
+    )
     assert cp.returncode == 64
     assert [l for l in cp.stderr.splitlines() if "--bogus" in l] == [
-        "vllm-intel patches: unknown argument '--bogus'; usage: python -m vllm_intel_patches [--strict]"]
+        "vllm-intel patches: unknown argument '--bogus'; usage: python -m vllm_intel.patches [--strict]"
+    ]

@@ -28,15 +28,30 @@ def _free_port() -> int:
 def serve_and_complete(venv, model, log_path, extra_env=None):
     port = _free_port()
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", **(extra_env or {}))
-    for k in ("INTEL_VLLM_PATCHES", "INTEL_VLLM_PATCHES_DISABLE", "INTEL_VLLM_PATCHES_STRICT",
-              "VLLM_PLUGINS"):
+    for k in (
+        "INTEL_VLLM_PATCHES",
+        "INTEL_VLLM_PATCHES_DISABLE",
+        "INTEL_VLLM_PATCHES_STRICT",
+        "VLLM_PLUGINS",
+    ):
         env.pop(k, None) if k not in (extra_env or {}) else None
     t0 = time.monotonic()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [str(venv / "bin" / "vllm"), "serve", str(model), "--max-model-len", "1024",
-             "--port", str(port)], stdout=log, stderr=subprocess.STDOUT, env=env,
-            start_new_session=True)
+            [
+                str(venv / "bin" / "vllm"),
+                "serve",
+                str(model),
+                "--max-model-len",
+                "1024",
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     result = {"ready_s": None, "status": None, "exit": None}
     try:
         while time.monotonic() - t0 < READY_TIMEOUT and proc.poll() is None:
@@ -48,8 +63,11 @@ def serve_and_complete(venv, model, log_path, extra_env=None):
                 pass
             time.sleep(1)
         if result["ready_s"] is not None:
-            r = requests.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
-                              json={"model": str(model), "prompt": "Hello", "max_tokens": 8})
+            r = requests.post(
+                f"http://127.0.0.1:{port}/v1/completions",
+                timeout=60,
+                json={"model": str(model), "prompt": "Hello", "max_tokens": 8},
+            )
             result["status"] = r.status_code
             proc.send_signal(signal.SIGTERM)
             result["exit"] = proc.wait(timeout=60)
@@ -63,8 +81,10 @@ def serve_and_complete(venv, model, log_path, extra_env=None):
 
 def patch_lines(log: str) -> dict[str, str]:
     """{'API server': 'cpu-accelerator-api=applied ...', 'EngineCore': ..., 'Worker': ...}"""
-    return {m.group(1): m.group(2) for m in
-            re.finditer(r"vllm-intel patches \(pid \d+, ([^)]+)\): (.*)$", log, re.M)}
+    return {
+        m.group(1): m.group(2)
+        for m in re.finditer(r"vllm-intel patches \(pid \d+, ([^)]+)\): (.*)$", log, re.M)
+    }
 
 
 def states(line: str) -> dict[str, str]:
@@ -73,14 +93,30 @@ def states(line: str) -> dict[str, str]:
 
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.parametrize("version,expected", [
-    ("0.32.0", {"cpu-accelerator-api": "applied", "cpu-accelerator-noops": "upstream",
-                "xpu-shutdown": "upstream"}),
-    ("0.27.1", {"cpu-accelerator-api": "applied", "cpu-accelerator-noops": "applied",
-                "xpu-shutdown": "upstream"}),
-])
-def test_vllm_serve_loads_plugin_in_every_process(vllm_venv, tiny_model, tmp_path, version,
-                                                  expected):
+@pytest.mark.parametrize(
+    "version,expected",
+    [
+        (
+            "0.32.0",
+            {
+                "cpu-accelerator-api": "applied",
+                "cpu-accelerator-noops": "upstream",
+                "xpu-shutdown": "upstream",
+            },
+        ),
+        (
+            "0.27.1",
+            {
+                "cpu-accelerator-api": "applied",
+                "cpu-accelerator-noops": "applied",
+                "xpu-shutdown": "upstream",
+            },
+        ),
+    ],
+)
+def test_vllm_serve_loads_plugin_in_every_process(
+    vllm_venv, tiny_model, tmp_path, version, expected
+):
     res = serve_and_complete(vllm_venv(version), tiny_model, tmp_path / "serve.log")
     tail = res["log"][-4000:]
     assert res["ready_s"] is not None, f"not ready in {READY_TIMEOUT}s:\n{tail}"
@@ -93,4 +129,4 @@ def test_vllm_serve_loads_plugin_in_every_process(vllm_venv, tiny_model, tmp_pat
         assert {k: got.get(k) for k in expected} == expected, (kind, line)
     # (vLLM's default abort-mode shutdown logs an EngineDeadError traceback of its own; only
     # tracebacks through our package or a failed patch count)
-    assert "vllm_intel_patches/" not in res["log"] and "vllm-intel patch " not in res["log"], tail
+    assert "vllm_intel/patches/" not in res["log"] and "vllm-intel patch " not in res["log"], tail

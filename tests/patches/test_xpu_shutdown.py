@@ -11,7 +11,6 @@ device, with and without it; Buildkite's GPU step).
 from __future__ import annotations
 
 import pytest
-
 from _patchtest import run_json
 
 SIMULATE = r"""
@@ -20,7 +19,7 @@ import torch
 import vllm.v1.worker.gpu_worker as gw, vllm.v1.worker.xpu_worker as xw
 import vllm.v1.worker.gpu_model_runner as gm
 events = []   # (after importing vLLM: its logging config resets handlers of existing loggers)
-logging.getLogger("vllm.vllm_intel_patches").addHandler(
+logging.getLogger("vllm.vllm_intel.patches").addHandler(
     type("H", (logging.Handler,), {"emit": lambda self, r: events.append("log:" + r.getMessage())})())
 import vllm.platforms as platforms
 from vllm.platforms.xpu import XPUPlatform            # real class (fake kernels on the path)
@@ -42,7 +41,7 @@ from vllm.device_allocator.cumem import CuMemAllocator
 XpuMemAllocator.instance = Recorder("XpuMemAllocator")
 CuMemAllocator.instance = Recorder("CuMemAllocator")
 
-from vllm_intel_patches.xpu_shutdown import PATCH
+from vllm_intel.patches.xpu_shutdown import PATCH
 check = PATCH.check()
 state = PATCH.apply()
 
@@ -114,20 +113,28 @@ def test_simulated_xpu_on_real_vllm_0240(default_python, sim_env):
 
 @pytest.mark.vllm
 def test_shutdown_timeout_is_logged(default_python, sim_env):
-    out = run_json(default_python, SIMULATE.replace(
-        "cfg = VllmConfig()", "del events[:]\ncfg = VllmConfig()\nworker_log = list(events)").replace(
-        "reverted=reverted)", "reverted=reverted, worker_log=worker_log)"), env=sim_env)
+    out = run_json(
+        default_python,
+        SIMULATE.replace(
+            "cfg = VllmConfig()", "del events[:]\ncfg = VllmConfig()\nworker_log = list(events)"
+        ).replace("reverted=reverted)", "reverted=reverted, worker_log=worker_log)"),
+        env=sim_env,
+    )
     assert "log:XPU platform: set server shutdown_timeout=5." in out["worker_log"]
 
 
 @pytest.mark.vllm
 def test_cpu_platform_on_vllm_0240_is_not_applicable(default_python, sim_env):
-    out = run_json(default_python, """
+    out = run_json(
+        default_python,
+        """
 import json, vllm.v1.worker.xpu_worker as xw
-from vllm_intel_patches.xpu_shutdown import PATCH
+from vllm_intel.patches.xpu_shutdown import PATCH
 print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason,
                       added="shutdown" in vars(xw.XPUWorker))))
-""", env=sim_env)
+""",
+        env=sim_env,
+    )
     assert out == dict(state="not-applicable", reason="platform is cpu, not xpu", added=False)
 
 
@@ -135,21 +142,26 @@ print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason,
 @pytest.mark.parametrize("version", ["0.32.0", "0.27.1"])
 def test_fixed_releases_report_upstream(vllm_python, version):
     """Even with a simulated XPU platform, releases carrying PR #46433 are left alone."""
-    out = run_json(vllm_python(version), """
+    out = run_json(
+        vllm_python(version),
+        """
 import json
 import vllm.platforms as platforms
 platforms._current_platform = type("FakeXPU", (), {"is_xpu": lambda self: True,
                                                    "device_type": "xpu"})()
-from vllm_intel_patches.xpu_shutdown import PATCH, missing_pieces
+from vllm_intel.patches.xpu_shutdown import PATCH, missing_pieces
 print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason, missing=missing_pieces())))
-""")
+""",
+    )
     assert out == dict(state="upstream", reason="vLLM carries PR #46433", missing=[])
 
 
 def test_cumem_guard_hides_cuda_allocator_off_cuda(default_python):
     """A release whose Worker.shutdown releases cumem pools unconditionally (between 0.24 and the
     fix): on XPU the wrapped shutdown must not reach CuMemAllocator; on CUDA it must."""
-    out = run_json(default_python, """
+    out = run_json(
+        default_python,
+        """
 import json, types
 import vllm.platforms as platforms
 from vllm.device_allocator.cumem import CuMemAllocator
@@ -162,7 +174,7 @@ def unguarded_shutdown(self):                      # the pre-fix body, reduced
         CuMemAllocator.instance.release_pools()
 orig = gpu_worker.Worker.shutdown
 gpu_worker.Worker.shutdown = unguarded_shutdown
-from vllm_intel_patches.xpu_shutdown import PATCH
+from vllm_intel.patches.xpu_shutdown import PATCH
 res = {}
 for name, cuda in (("xpu", False), ("cuda", True)):
     platforms._current_platform = types.SimpleNamespace(is_xpu=lambda: not cuda,
@@ -175,8 +187,8 @@ for name, cuda in (("xpu", False), ("cuda", True)):
     PATCH.revert()
 res["restored"] = gpu_worker.Worker.shutdown is unguarded_shutdown
 print(json.dumps(res))
-""")
+""",
+    )
     assert out["xpu"] == dict(calls=[], instance_kept=True)
     assert out["cuda"] == dict(calls=["release_pools"], instance_kept=True)
     assert out["restored"] is True
-

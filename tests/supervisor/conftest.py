@@ -13,11 +13,10 @@ import time
 
 import pytest
 
-from tools.serving import free_port
+from tests.harness import ROOT, free_port
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 FAKE = pathlib.Path(__file__).resolve().parent / "fake_vllm"
-
+SIGTERM = signal.SIGTERM  # a default in Run, whose own `signal` method hides the module
 
 
 class Run:
@@ -27,14 +26,22 @@ class Run:
         self.model = tmp / "model"
         self.model.mkdir(exist_ok=True)
         (tmp / "shm").mkdir(exist_ok=True)
-        self.env = dict(os.environ, PYTHONPATH=str(FAKE), TMPDIR=str(tmp),
-                        INTEL_VLLM_STATE_FILE=str(tmp / "state.json"),
-                        INTEL_VLLM_SHM_DIR=str(tmp / "shm"))
+        self.env = dict(
+            os.environ,
+            PYTHONPATH=str(FAKE),
+            TMPDIR=str(tmp),
+            INTEL_VLLM_STATE_FILE=str(tmp / "state.json"),
+            INTEL_VLLM_SHM_DIR=str(tmp / "shm"),
+        )
         self.env.update({"INTEL_VLLM_DRAIN_TIMEOUT": "1", **env})
         argv = args if args is not None else ["serve", str(self.model), "--port", str(self.port)]
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "entrypoint.py"), *argv],
-                                     env=self.env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "entrypoint.py"), *argv],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
 
     def wait_for(self, predicate, timeout: float = 30.0) -> None:
         end = time.monotonic() + timeout
@@ -48,18 +55,29 @@ class Run:
 
     def state(self) -> str | None:
         import json
+
         try:
             return json.loads((self.tmp / "state.json").read_text())["state"]
         except (OSError, ValueError):
             return None
 
     def probe(self, kind: str) -> int:
-        return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "probe", kind,
-                               "--port", str(self.port)], env=self.env,
-                              capture_output=True).returncode
+        return subprocess.run(
+            [sys.executable, str(ROOT / "entrypoint.py"), "probe", kind, "--port", str(self.port)],
+            env=self.env,
+            capture_output=True,
+        ).returncode
 
     def signal(self, sig: int) -> None:
         self.proc.send_signal(sig)
+
+    def stop_when_serving(self, sig: int = SIGTERM) -> tuple[int, str, float]:
+        """Wait for SERVING, send sig, wait for the exit: (code, output, wall time of the send)."""
+        self.wait_for(lambda: self.state() == "SERVING")
+        sent = time.time()
+        self.signal(sig)
+        code, out, _ = self.finish()
+        return code, out, sent
 
     def finish(self, timeout: float = 30.0) -> tuple[int, str, float]:
         t0 = time.monotonic()

@@ -9,24 +9,44 @@ import signal
 import tempfile
 import time
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from .conftest import ROOT, Run, free_port
+from .conftest import Run, free_port
 
 DOCUMENTED_ERRORS = {64, 127}
-text = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"),
-               max_size=8)
-drain = st.one_of(st.sampled_from(["0", "5", "30", "-1", "1.5", "abc", "", " 7 ", "1e3", "99999"]), text)
+text = st.text(
+    alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8
+)
+drain = st.one_of(
+    st.sampled_from(["0", "5", "30", "-1", "1.5", "abc", "", " 7 ", "1e3", "99999"]), text
+)
 device = st.sampled_from([None, "cpu", "xpu", "gpu", ""])
-subcommand = st.one_of(st.sampled_from(["serve", "patches-typo", "probe", "--bogus", "SERVE"]),
-                       text.filter(lambda s: s not in ("serve", "patches", "grace-period", "-h",
-                                                       "--help", "help")))
-flag = st.sampled_from(["--port", "--port=", "--shutdown-timeout", "--shutdown-timeout=3",
-                        "--shutdown-timeout=x", "--model", "--model=/nonexistent", "--max-model-len",
-                        "1024", "--enforce-eager", "./relative-missing", "-x"])
+subcommand = st.one_of(
+    st.sampled_from(["serve", "patches-typo", "probe", "--bogus", "SERVE"]),
+    text.filter(lambda s: s not in ("serve", "patches", "grace-period", "-h", "--help", "help")),
+)
+flag = st.sampled_from(
+    [
+        "--port",
+        "--port=",
+        "--shutdown-timeout",
+        "--shutdown-timeout=3",
+        "--shutdown-timeout=x",
+        "--model",
+        "--model=/nonexistent",
+        "--max-model-len",
+        "1024",
+        "--enforce-eager",
+        "./relative-missing",
+        "-x",
+    ]
+)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(sub=subcommand, flags=st.lists(flag, max_size=4), drain=drain, dev=device)
 def test_inputs_end_in_a_server_or_a_documented_error(tmp_path, sub, flags, drain, dev):
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="fz-", dir=tmp_path))

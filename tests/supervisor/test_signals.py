@@ -4,15 +4,34 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import signal
+import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 
 from .conftest import ROOT, free_port
 
-@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT])
+
+def received_at(out: str, sig: str) -> float:
+    """Wall-clock time the fake vLLM got `sig` (it prints `got SIGTERM at T`)."""
+    return float(re.search(rf"got {sig} at ([0-9.]+)", out).group(1))
+
+
+@pytest.mark.parametrize(
+    "sig",
+    [
+        signal.SIGHUP,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGQUIT,
+        signal.SIGWINCH,
+        signal.SIGRTMIN,
+    ],
+)
 def test_other_signals_are_forwarded_to_vllm(run, sig):
     r = run()
     r.wait_for(lambda: r.state() == "SERVING")
@@ -25,7 +44,9 @@ def test_other_signals_are_forwarded_to_vllm(run, sig):
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-@pytest.mark.parametrize("on_term,expected", [("exit:0", 0), ("exit:3", 3), ("die:SIGSEGV", 128 + 11)])
+@pytest.mark.parametrize(
+    "on_term,expected", [("exit:0", 0), ("exit:3", 3), ("die:SIGSEGV", 128 + 11)]
+)
 def test_stop_signal_drains_once_and_returns_vllms_code(run, stop, on_term, expected):
     r = run({"FAKE_ON_TERM": on_term, "FAKE_DRAIN": "0.5"})
     r.wait_for(lambda: r.state() == "SERVING")
@@ -148,18 +169,33 @@ def test_nothing_is_left_behind_and_stale_leftovers_are_removed(run, tmp_path):
     assert not (tmp_path / "state.json").exists()
 
 
-@pytest.mark.parametrize("env,args,message", [
-    ({"INTEL_VLLM_DRAIN_TIMEOUT": "abc"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
-    ({"INTEL_VLLM_DRAIN_TIMEOUT": "-1"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
-    ({"INTEL_VLLM_DRAIN_TIMEOUT": "1.5"}, None, "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number"),
-    ({"INTEL_VLLM_DEVICE": "gpu"}, None, "INTEL_VLLM_DEVICE must be cpu or xpu"),
-    ({}, ["serve", "/no/such/model"], "model path /no/such/model does not exist"),
-    ({}, ["serve", "./missing", "--port", "1"], "model path ./missing does not exist"),
-    ({}, ["serve", "/tmp", "--shutdown-timeout", "soon"], "--shutdown-timeout must be a whole"),
-    ({}, ["serve", "/tmp", "--port"], "--port needs a value"),
-    ({}, ["frobnicate"], "unknown subcommand 'frobnicate'"),
-    ({}, ["probe", "maybe"], "probe takes `ready` or `live`"),
-])
+@pytest.mark.parametrize(
+    "env,args,message",
+    [
+        (
+            {"INTEL_VLLM_DRAIN_TIMEOUT": "abc"},
+            None,
+            "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number",
+        ),
+        (
+            {"INTEL_VLLM_DRAIN_TIMEOUT": "-1"},
+            None,
+            "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number",
+        ),
+        (
+            {"INTEL_VLLM_DRAIN_TIMEOUT": "1.5"},
+            None,
+            "INTEL_VLLM_DRAIN_TIMEOUT must be a whole number",
+        ),
+        ({"INTEL_VLLM_DEVICE": "gpu"}, None, "INTEL_VLLM_DEVICE must be cpu or xpu"),
+        ({}, ["serve", "/no/such/model"], "model path /no/such/model does not exist"),
+        ({}, ["serve", "./missing", "--port", "1"], "model path ./missing does not exist"),
+        ({}, ["serve", "/tmp", "--shutdown-timeout", "soon"], "--shutdown-timeout must be a whole"),
+        ({}, ["serve", "/tmp", "--port"], "--port needs a value"),
+        ({}, ["frobnicate"], "unknown subcommand 'frobnicate'"),
+        ({}, ["probe", "maybe"], "probe takes `ready` or `live`"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_64(run, env, args, message):
     r = run(env, args)
     code, out, took = r.finish()
@@ -172,12 +208,17 @@ def test_bad_input_is_one_line_and_exit_64(run, env, args, message):
 
 def test_vllm_not_installed_is_127(tmp_path):
     import subprocess
+
     bare = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     model = tmp_path / "m"
     model.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    res = subprocess.run([bare, "-I", str(ROOT / "entrypoint.py"), "serve", str(model)],
-                         capture_output=True, text=True, env=env)
+    res = subprocess.run(
+        [bare, "-I", str(ROOT / "entrypoint.py"), "serve", str(model)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     if "vLLM is not installed" not in res.stderr:
         pytest.fail(f"{bare} unexpectedly has vLLM; output: {res.stderr}")
     assert res.returncode == 127
@@ -186,10 +227,15 @@ def test_vllm_not_installed_is_127(tmp_path):
 
 def test_grace_period_follows_the_formula(tmp_path):
     import subprocess
+
     def grace(**env):
-        return subprocess.run([sys.executable, str(ROOT / "entrypoint.py"), "grace-period"],
-                              capture_output=True, text=True,
-                              env=dict(os.environ, **env)).stdout.strip()
+        return subprocess.run(
+            [sys.executable, str(ROOT / "entrypoint.py"), "grace-period"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, **env),
+        ).stdout.strip()
+
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="30") == "45"
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="120") == "135"
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="0", INTEL_VLLM_DEVICE="xpu") == "20"
@@ -199,10 +245,10 @@ def test_orphans_that_exit_are_reaped(run, tmp_path):
     pid_file = tmp_path / "orphan.pid"
     r = run({"FAKE_ZOMBIE": str(pid_file)})
     r.wait_for(lambda: pid_file.exists() and pid_file.read_text())
-    orphan = pathlib.Path(f"/proc/{pid_file.read_text()}/stat")
+    orphan = int(pid_file.read_text())
     time.sleep(0.3)
-    assert orphan.read_text().rsplit(")", 1)[1].split()[1] == str(r.proc.pid)  # re-parented to us
-    r.wait_for(lambda: not orphan.exists())  # exited and reaped: not left a zombie
+    assert psutil.Process(orphan).ppid() == r.proc.pid  # re-parented to us
+    r.wait_for(lambda: not psutil.pid_exists(orphan))  # exited and reaped: not left a zombie
     r.signal(signal.SIGTERM)
     assert r.finish()[0] == 0
 
@@ -211,13 +257,22 @@ def test_live_shared_memory_of_other_processes_is_never_removed(run, tmp_path):
     """Segments and semaphores that some process still uses stay, whatever their age; glibc maps
     a semaphore under a temporary name, so this needs the inode check."""
     import subprocess
-    holder = subprocess.Popen([sys.executable, "-c", """
+
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            """
 import multiprocessing as mp, multiprocessing.shared_memory as sm, sys, time
 lock = mp.get_context("spawn").Lock()     # a named semaphore /dev/shm/sem.mp-*
 seg = sm.SharedMemory(create=True, size=4096)  # /dev/shm/psm_*
 print(lock._semlock.name, seg.name, flush=True)
 time.sleep(60)
-"""], stdout=subprocess.PIPE, text=True)
+""",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         sem, seg = holder.stdout.readline().split()
         sem_path = pathlib.Path("/dev/shm/sem." + sem.lstrip("/"))
@@ -235,12 +290,68 @@ time.sleep(60)
 
 def test_vllm_does_not_outlive_a_killed_supervisor(run):
     import json
+
     r = run()
     r.wait_for(lambda: r.state() == "SERVING")
     child = json.loads((r.tmp / "state.json").read_text())["child"]
     r.signal(signal.SIGKILL)
     r.proc.wait()
     end = time.monotonic() + 5
-    while pathlib.Path(f"/proc/{child}").exists() and time.monotonic() < end:
+    while psutil.pid_exists(child) and time.monotonic() < end:
         time.sleep(0.05)
-    assert not pathlib.Path(f"/proc/{child}").exists()
+    assert not psutil.pid_exists(child)
+
+
+def test_sigterm_is_forwarded_at_once_even_when_metrics_hangs(run):
+    """Nothing on the signal path waits for vLLM's HTTP server: /metrics never answers here."""
+    code, out, t0 = run({"FAKE_METRICS": "hang", "FAKE_DRAIN": "0.5"}).stop_when_serving()
+    assert code == 0, out
+    latency = received_at(out, "SIGTERM") - t0
+    assert latency < 0.5, f"SIGTERM reached vLLM {latency:.3f} s after the supervisor got it"
+    assert "in flight at SIGTERM" not in out  # never counted, and never waited for
+
+
+def test_requests_in_flight_are_counted_from_metrics(run):
+    code, out, _ = run({"FAKE_RUNNING": "2", "FAKE_DRAIN": "1"}).stop_when_serving()
+    assert code == 0
+    assert "; 2 in flight at SIGTERM, 0 finished, 0 aborted, 2 still running" in out, out
+
+
+def test_http_probes_follow_the_state(run):
+    import urllib.error
+    import urllib.request
+
+    probe_port = free_port()
+
+    def status(kind: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{probe_port}/{kind}", timeout=5) as res:
+                return res.status
+        except urllib.error.HTTPError as e:
+            return e.code
+        except OSError:
+            return 0
+
+    r = run(
+        {"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "2", "INTEL_VLLM_PROBE_PORT": str(probe_port)}
+    )
+    r.wait_for(lambda: r.state() == "STARTING" and status("live") != 0)
+    assert status("ready") == 503 and status("live") == 200
+    r.wait_for(lambda: r.state() == "SERVING")
+    assert status("ready") == 200 and status("live") == 200
+
+    def cli(kind: str) -> int:  # `probe KIND` with no --port: answered by the probe port
+        return subprocess.run(
+            [sys.executable, str(ROOT / "entrypoint.py"), "probe", kind],
+            env=dict(r.env, INTEL_VLLM_STATE_FILE="/nonexistent"),
+            capture_output=True,
+        ).returncode
+
+    assert cli("ready") == 0 and cli("live") == 0
+    r.signal(signal.SIGTERM)
+    r.wait_for(lambda: r.state() == "DRAINING")
+    assert status("ready") == 503 and status("live") == 200
+    assert cli("ready") == 1 and cli("live") == 0
+    assert status("nothing") == 404
+    assert r.finish()[0] == 0
+    assert status("ready") == 0  # gone with the supervisor

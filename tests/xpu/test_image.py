@@ -19,26 +19,32 @@ import tempfile
 
 import pytest
 
-from tools.serving import Server, free_port
+from tests.harness import ROOT, Server, free_port
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import xpu_recipe  # noqa: E402
 
-IN_XPU_IMAGE = (os.environ.get("VLLM_TARGET_DEVICE") == "xpu"
-                and importlib.util.find_spec("vllm_xpu_kernels") is not None)
+IN_XPU_IMAGE = (
+    os.environ.get("VLLM_TARGET_DEVICE") == "xpu"
+    and importlib.util.find_spec("vllm_xpu_kernels") is not None
+)
 HAS_GPU = any(pathlib.Path("/dev/dri").glob("renderD*"))
 # Releases that carry vLLM PR #46433 (XPU shutdown); before it the patch applies on a real XPU.
 FIRST_WITH_XPU_SHUTDOWN = (0, 25)
 
-in_image = pytest.mark.skipif(not IN_XPU_IMAGE, reason="runs inside the XPU image only "
-                              "(Buildkite: .buildkite/steps/xpu-build.sh)")
-needs_gpu = pytest.mark.skipif(not (IN_XPU_IMAGE and HAS_GPU), reason="needs an Intel GPU "
-                               "(/dev/dri/renderD*) inside the XPU image (Buildkite: steps/xpu.sh)")
+in_image = pytest.mark.skipif(
+    not IN_XPU_IMAGE,
+    reason="runs inside the XPU image only (Buildkite: .buildkite/steps/xpu-build.sh)",
+)
+needs_gpu = pytest.mark.skipif(
+    not (IN_XPU_IMAGE and HAS_GPU),
+    reason="needs an Intel GPU (/dev/dri/renderD*) inside the XPU image (Buildkite: steps/xpu.sh)",
+)
 
 
 def installed_vllm() -> str:
     import importlib.metadata as md
+
     return md.version("vllm").split("+")[0]
 
 
@@ -51,10 +57,15 @@ def expected_patch_states(version: str, on_xpu: bool) -> dict[str, str]:
     return {"xpu-shutdown": "applied" if on_xpu else "not-applicable"}
 
 
-@pytest.mark.parametrize("version, on_xpu, state", [
-    ("0.32.0", False, "upstream"), ("0.27.1", True, "upstream"),
-    ("0.24.0", True, "applied"), ("0.24.0", False, "not-applicable"),
-])
+@pytest.mark.parametrize(
+    "version, on_xpu, state",
+    [
+        ("0.32.0", False, "upstream"),
+        ("0.27.1", True, "upstream"),
+        ("0.24.0", True, "applied"),
+        ("0.24.0", False, "not-applicable"),
+    ],
+)
 def test_expected_states_follow_the_upstream_fix(version, on_xpu, state):
     assert expected_patch_states(version, on_xpu) == {"xpu-shutdown": state}
 
@@ -62,8 +73,9 @@ def test_expected_states_follow_the_upstream_fix(version, on_xpu, state):
 def test_the_table_has_a_release_the_patch_applies_to():
     """The seed case: a release without upstream's XPU shutdown fix has a recipe, so the GPU step
     can reproduce the hang and show the patch fixes it."""
-    states = {v: expected_patch_states(v, on_xpu=True)["xpu-shutdown"]
-              for v in xpu_recipe.versions()}
+    states = {
+        v: expected_patch_states(v, on_xpu=True)["xpu-shutdown"] for v in xpu_recipe.versions()
+    }
     assert "applied" in states.values() and "upstream" in states.values(), states
 
 
@@ -74,8 +86,12 @@ def _run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
 @pytest.mark.xpu_image
 @in_image
 def test_xpu_stack_imports_and_counts_devices_without_crashing():
-    r = _run(sys.executable, "-c", "import torch, vllm, vllm_xpu_kernels._C; "
-             "print(torch.__version__, torch.version.xpu, torch.xpu.device_count())")
+    r = _run(
+        sys.executable,
+        "-c",
+        "import torch, vllm, vllm_xpu_kernels._C; "
+        "print(torch.__version__, torch.version.xpu, torch.xpu.device_count())",
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     torch_version, xpu, count = r.stdout.split()
     rel = xpu_recipe.release(installed_vllm())
@@ -97,8 +113,11 @@ def test_vllm_cli_says_xpu_and_level_zero_headers_are_there():
 def test_entrypoint_patches_prints_the_expected_states():
     r = _run(sys.executable, str(ROOT / "entrypoint.py"), "patches")
     assert r.returncode == 0, r.stdout + r.stderr
-    states = dict(line.split()[:2] for line in r.stdout.splitlines() if line.strip()
-                  and not line.startswith(("patch", "-")))
+    states = dict(
+        line.split()[:2]
+        for line in r.stdout.splitlines()
+        if line.strip() and not line.startswith(("patch", "-"))
+    )
     assert "failed" not in states.values(), r.stdout
     for name, state in expected_patch_states(installed_vllm(), HAS_GPU).items():
         assert states.get(name) == state, r.stdout
@@ -107,11 +126,28 @@ def test_entrypoint_patches_prints_the_expected_states():
 def _serve(tmp: pathlib.Path, port: int, bare: bool, env: dict) -> Server:
     model = os.environ.get("XPU_TEST_MODEL", os.environ["INTEL_VLLM_MODEL"])
     if bare:  # vLLM alone, upstream's default shutdown (timeout 0)
-        argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", model, "--port",
-                str(port), "--max-model-len", "1024"]
+        argv = [
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.cli.main",
+            "serve",
+            model,
+            "--port",
+            str(port),
+            "--max-model-len",
+            "1024",
+        ]
     else:
-        argv = [sys.executable, str(ROOT / "entrypoint.py"), "serve", model, "--port", str(port),
-                "--max-model-len", "1024"]
+        argv = [
+            sys.executable,
+            str(ROOT / "entrypoint.py"),
+            "serve",
+            model,
+            "--port",
+            str(port),
+            "--max-model-len",
+            "1024",
+        ]
     return Server(argv, port, tmp / f"serve-{port}.log", env=dict(env, TMPDIR=str(tmp)))
 
 

@@ -23,9 +23,10 @@ import zipfile
 import pytest
 from dockerfile_parse import DockerfileParser
 
+from tests.harness import ROOT
+
 from . import upstream
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "scripts"))
 import xpu_recipe  # noqa: E402
 
@@ -33,9 +34,23 @@ TABLE = xpu_recipe.load()
 VERSIONS = xpu_recipe.versions(TABLE)
 # Compared field by field (the remaining fields are ours: sdist_sha256, skipped_debs, umd is
 # compared below together with skipped_debs).
-SAME = ("base_image", "python", "torch", "torch_index", "xpu_kernels", "triton",
-        "triton_reinstall", "level_zero_dev", "oneapi_apt", "oneapi_apt_pin", "oneccl_installer",
-        "oneapi_pip", "ld_library_path", "multiproc_method", "upstream_image")
+SAME = (
+    "base_image",
+    "python",
+    "torch",
+    "torch_index",
+    "xpu_kernels",
+    "triton",
+    "triton_reinstall",
+    "level_zero_dev",
+    "oneapi_apt",
+    "oneapi_apt_pin",
+    "oneccl_installer",
+    "oneapi_pip",
+    "ld_library_path",
+    "multiproc_method",
+    "upstream_image",
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,9 +60,14 @@ def sdist():
     def get(version: str) -> str:
         if version not in paths:
             # This venv has torch and vLLM's build requirements, which pip needs for the sdist.
-            out = subprocess.run(["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), version],
-                                 check=True, capture_output=True, text=True, timeout=900,
-                                 env=dict(os.environ, SDIST_PYTHON=sys.executable))
+            out = subprocess.run(
+                ["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), version],
+                check=True,
+                capture_output=True,
+                text=True,
+                timeout=900,
+                env=dict(os.environ, SDIST_PYTHON=sys.executable),
+            )
             paths[version] = out.stdout.strip().splitlines()[-1]
         return paths[version]
 
@@ -60,13 +80,17 @@ def drift(version: str, table: dict, sdist_path: str) -> list[str]:
     bad = []
     for field in SAME:
         if ours[field] != theirs[field].value:
-            bad.append(f"{version} {field}: table has {ours[field]!r}, upstream has "
-                       f"{theirs[field].value!r} ({theirs[field].where})")
+            bad.append(
+                f"{version} {field}: table has {ours[field]!r}, upstream has "
+                f"{theirs[field].value!r} ({theirs[field].where})"
+            )
     skipped = [url for url, _why in ours["skipped_debs"]]
     installed = [u for u in theirs["debs"].value if u not in skipped]
     if ours["umd"] != installed or not set(skipped) <= set(theirs["debs"].value):
-        bad.append(f"{version} umd: table has {ours['umd']} (skipping {skipped}), upstream "
-                   f"installs {theirs['debs'].value} ({theirs['debs'].where})")
+        bad.append(
+            f"{version} umd: table has {ours['umd']} (skipping {skipped}), upstream "
+            f"installs {theirs['debs'].value} ({theirs['debs'].where})"
+        )
     return bad
 
 
@@ -83,8 +107,10 @@ def test_a_wrong_entry_is_caught_with_the_upstream_line(sdist):
     wrong["release"][version]["torch"] = "2.99.0"
     wrong["release"][version]["umd"] = wrong["release"][version]["umd"][1:]
     bad = drift(version, wrong, sdist(version))
-    assert any("torch: table has '2.99.0'" in b and "requirements/xpu.txt:" in b
-               and "torch==" in b for b in bad), bad
+    assert any(
+        "torch: table has '2.99.0'" in b and "requirements/xpu.txt:" in b and "torch==" in b
+        for b in bad
+    ), bad
     assert any(b.startswith(f"{version} umd:") for b in bad), bad
 
 
@@ -93,11 +119,28 @@ def test_a_wrong_entry_is_caught_with_the_upstream_line(sdist):
 def test_xpu_wheel_builds_from_sdist_and_pins_the_tables_torch(version, sdist, tmp_path):
     rel = TABLE["release"][version]
     venv_bin = pathlib.Path(sys.executable).parent  # cmake/ninja of requirements-test.txt
-    env = dict(os.environ, VLLM_TARGET_DEVICE="xpu", PATH=f"{venv_bin}:{os.environ['PATH']}",
-               MAX_JOBS="2")
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation",
-                        "--no-deps", sdist(version), "-w", str(tmp_path)],
-                       env=env, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    env = dict(
+        os.environ, VLLM_TARGET_DEVICE="xpu", PATH=f"{venv_bin}:{os.environ['PATH']}", MAX_JOBS="2"
+    )
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-build-isolation",
+            "--no-deps",
+            sdist(version),
+            "-w",
+            str(tmp_path),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr[-4000:]
     (wheel,) = tmp_path.glob("vllm-*.whl")
     assert wheel.name.startswith(f"vllm-{version}+xpu-"), wheel.name
@@ -106,15 +149,18 @@ def test_xpu_wheel_builds_from_sdist_and_pins_the_tables_torch(version, sdist, t
     requires = re.findall(r"^Requires-Dist: (.+)$", meta, re.M)
     assert f"torch=={rel['torch']}" in requires, [r for r in requires if r.startswith("torch")]
     kernels = [r for r in requires if r.startswith("vllm_xpu_kernels")]
-    assert kernels and (kernels[0].endswith(f"=={rel['xpu_kernels']}")
-                        or f"/vllm_xpu_kernels-{rel['xpu_kernels']}-" in kernels[0]), kernels
+    assert kernels and (
+        kernels[0].endswith(f"=={rel['xpu_kernels']}")
+        or f"/vllm_xpu_kernels-{rel['xpu_kernels']}-" in kernels[0]
+    ), kernels
 
 
 def _dockerfile_args() -> dict[str, str]:
     with open(ROOT / "docker" / "Dockerfile.xpu", "rb") as f:
         instrs = DockerfileParser(fileobj=f).structure
-    return dict(i["value"].split("=", 1) for i in instrs
-                if i["instruction"] == "ARG" and "=" in i["value"])
+    return dict(
+        i["value"].split("=", 1) for i in instrs if i["instruction"] == "ARG" and "=" in i["value"]
+    )
 
 
 def test_dockerfile_defaults_are_the_default_release():
@@ -131,20 +177,30 @@ def test_build_script_takes_its_xpu_arguments_from_the_table():
     text = (ROOT / "scripts" / "build-image.sh").read_text()
     assert "xpu_recipe.py" in text and "build-args" in text
     every = {a.split("=", 1)[0] for a in xpu_recipe.build_args("0.24.0", "source", TABLE)}
-    args = _dockerfile_args() | {a.split()[0]: "" for a in
-                                 re.findall(r"^ARG (\w+)$", (ROOT / "docker" / "Dockerfile.xpu")
-                                            .read_text(), re.M)}
-    assert every <= args.keys(), f"build args the Dockerfile does not declare: {every - args.keys()}"
+    args = _dockerfile_args() | {
+        a.split()[0]: ""
+        for a in re.findall(r"^ARG (\w+)$", (ROOT / "docker" / "Dockerfile.xpu").read_text(), re.M)
+    }
+    assert every <= args.keys(), (
+        f"build args the Dockerfile does not declare: {every - args.keys()}"
+    )
 
 
-@pytest.mark.parametrize("route, version, error", [
-    ("upstream", "0.24.0", "has no published XPU image"),
-    ("gpu", "0.32.0", "XPU_ROUTE must be one of"),
-    (None, "0.9.0", "has no XPU recipe"),
-])
+@pytest.mark.parametrize(
+    "route, version, error",
+    [
+        ("upstream", "0.24.0", "has no published XPU image"),
+        ("gpu", "0.32.0", "XPU_ROUTE must be one of"),
+        (None, "0.9.0", "has no XPU recipe"),
+    ],
+)
 def test_recipe_errors_are_one_line_exit_64(route, version, error):
-    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "xpu_recipe.py"), "build-args",
-                        version] + ([route] if route else []), capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "xpu_recipe.py"), "build-args", version]
+        + ([route] if route else []),
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 64 and r.stdout == ""
     assert error in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
@@ -152,11 +208,15 @@ def test_recipe_errors_are_one_line_exit_64(route, version, error):
 def test_malformed_table_is_rejected(tmp_path):
     text = (ROOT / "docker" / "xpu-releases.toml").read_text()
     bad = tmp_path / "t.toml"
-    bad.write_text(text.replace('triton_reinstall = false', 'triton_reinstal = false', 1))
+    bad.write_text(text.replace("triton_reinstall = false", "triton_reinstal = false", 1))
     with pytest.raises(xpu_recipe.RecipeError, match=r"missing \['triton_reinstall'\]"):
         xpu_recipe.load(bad)
-    bad.write_text(text.replace('level_zero_dev = "libze-dev_1.32.0+u24.04_amd64.deb"',
-                                'level_zero_dev = "libze-dev_9.deb"'))
+    bad.write_text(
+        text.replace(
+            'level_zero_dev = "libze-dev_1.32.0+u24.04_amd64.deb"',
+            'level_zero_dev = "libze-dev_9.deb"',
+        )
+    )
     with pytest.raises(xpu_recipe.RecipeError, match="level_zero_dev is not one of umd"):
         xpu_recipe.load(bad)
 

@@ -26,8 +26,11 @@ class Found:
 
 
 def read_members(sdist: str, version: str) -> dict[str, str]:
-    names = ("docker/Dockerfile.xpu", "requirements/xpu.txt",
-             ".buildkite/scripts/publish-release-images.sh")
+    names = (
+        "docker/Dockerfile.xpu",
+        "requirements/xpu.txt",
+        ".buildkite/scripts/publish-release-images.sh",
+    )
     out = {}
     with tarfile.open(sdist) as tf:
         for name in names:
@@ -72,12 +75,19 @@ def _env(instrs: list[dict], name: str) -> str | None:
 def recipe(sdist: str, version: str) -> dict[str, Found]:
     """Upstream's recipe for `version`, read from its sdist."""
     files = read_members(sdist, version)
-    df, req, pub = (files["docker/Dockerfile.xpu"], files["requirements/xpu.txt"],
-                    files[".buildkite/scripts/publish-release-images.sh"])
+    df, req, pub = (
+        files["docker/Dockerfile.xpu"],
+        files["requirements/xpu.txt"],
+        files[".buildkite/scripts/publish-release-images.sh"],
+    )
     dfp, reqp = "docker/Dockerfile.xpu", "requirements/xpu.txt"
     stages = _stages(df)
-    base_from = next(i["value"] for s in stages.values() for i in s
-                     if i["instruction"] == "FROM" and i["value"].split()[-1] == "vllm-base")
+    base_from = next(
+        i["value"]
+        for s in stages.values()
+        for i in s
+        if i["instruction"] == "FROM" and i["value"].split()[-1] == "vllm-base"
+    )
     base = stages["vllm-base"]
     final = stages["vllm-openai"]
     base_text = "\n".join(i["value"] for i in base)
@@ -86,8 +96,14 @@ def recipe(sdist: str, version: str) -> dict[str, Found]:
 
     image = base_from.split()[0]
     out["base_image"] = Found(image, _line(df, f"FROM {image}", dfp))
-    py = next((i["value"].split("=", 1)[1] for i in base if i["instruction"] == "ARG"
-               and i["value"].startswith("PYTHON_VERSION=")), "")
+    py = next(
+        (
+            i["value"].split("=", 1)[1]
+            for i in base
+            if i["instruction"] == "ARG" and i["value"].startswith("PYTHON_VERSION=")
+        ),
+        "",
+    )
     out["python"] = Found(py, _line(df, "ARG PYTHON_VERSION", dfp))
 
     debs = DEB_URL.findall(base_text)
@@ -107,10 +123,13 @@ def recipe(sdist: str, version: str) -> dict[str, Found]:
         url = f"{m.group(1)}/{installer.group(1)}" if m else installer.group(1)
     out["oneccl_installer"] = Found(url, _line(df, "ONECCL_INSTALLER", dfp))
 
-    out["ld_library_path"] = Found(_env(base, "LD_LIBRARY_PATH") or "",
-                                   _line(df, "ENV LD_LIBRARY_PATH", dfp))
-    out["multiproc_method"] = Found(_env(final, "VLLM_WORKER_MULTIPROC_METHOD") or "",
-                                    _line(df, "VLLM_WORKER_MULTIPROC_METHOD", dfp))
+    out["ld_library_path"] = Found(
+        _env(base, "LD_LIBRARY_PATH") or "", _line(df, "ENV LD_LIBRARY_PATH", dfp)
+    )
+    out["multiproc_method"] = Found(
+        _env(final, "VLLM_WORKER_MULTIPROC_METHOD") or "",
+        _line(df, "VLLM_WORKER_MULTIPROC_METHOD", dfp),
+    )
     out["oneapi_pip"] = Found(ONEAPI_WHEEL.findall(final_runs), _line(df, "intel-sycl-rt", dfp))
 
     reinstall = re.search(r"pip install (triton-xpu==\S+)", final_runs)
@@ -125,12 +144,16 @@ def recipe(sdist: str, version: str) -> dict[str, Found]:
     out["torch"] = Found(torch.group(1) if torch else "", _line(req, "torch==", reqp))
     index = re.search(r"^--extra-index-url[= ](\S*pytorch\S*)", req, re.M)
     out["torch_index"] = Found(index.group(1) if index else "", _line(req, "pytorch", reqp))
-    kernels = (re.search(r"^vllm_xpu_kernels==(\S+)", req, re.M)
-               or re.search(r"^vllm_xpu_kernels @ \S+/vllm_xpu_kernels-([\d.]+)-", req, re.M))
-    out["xpu_kernels"] = Found(kernels.group(1) if kernels else "",
-                               _line(req, "vllm_xpu_kernels", reqp))
+    kernels = re.search(r"^vllm_xpu_kernels==(\S+)", req, re.M) or re.search(
+        r"^vllm_xpu_kernels @ \S+/vllm_xpu_kernels-([\d.]+)-", req, re.M
+    )
+    out["xpu_kernels"] = Found(
+        kernels.group(1) if kernels else "", _line(req, "vllm_xpu_kernels", reqp)
+    )
 
     published = "vllm/vllm-openai-xpu:v${RELEASE_VERSION}" in pub
-    out["upstream_image"] = Found(f"vllm/vllm-openai-xpu:v{version}" if published else "",
-                                  _line(pub, "vllm-openai-xpu", ".buildkite/scripts/publish-release-images.sh"))
+    out["upstream_image"] = Found(
+        f"vllm/vllm-openai-xpu:v{version}" if published else "",
+        _line(pub, "vllm-openai-xpu", ".buildkite/scripts/publish-release-images.sh"),
+    )
     return out

@@ -8,6 +8,9 @@ FAKE_READY_AFTER seconds have passed, and behaves on SIGTERM as FAKE_ON_TERM say
 FAKE_ORPHAN=1 starts a grandchild in the same process group that outlives us and ignores SIGTERM.
 FAKE_ZOMBIE=PATH leaves an orphan (its pid written to PATH) that exits after 1.5 s: re-parented to
 the supervisor, which must reap it. FAKE_EXIT_AFTER=S,N exits by itself with code N after S seconds (an "engine death").
+GET /metrics answers FAKE_RUNNING requests running (default 0) in Prometheus text; FAKE_METRICS=hang
+makes it never answer (the supervisor must forward signals regardless). Each "got SIG..." line
+carries the wall-clock time it arrived (`at T`).
 """
 
 import http.server
@@ -26,23 +29,53 @@ ready_after = float(os.environ.get("FAKE_READY_AFTER", "0"))
 terms = []
 
 if os.environ.get("FAKE_ZOMBIE"):
-    subprocess.Popen([sys.executable, "-c", "import os,sys,time\nif os.fork() == 0:\n"
-                      " open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(1.5)",
-                      os.environ["FAKE_ZOMBIE"]]).wait()
+    subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os,sys,time\nif os.fork() == 0:\n"
+            " open(sys.argv[1], 'w').write(str(os.getpid())); time.sleep(1.5)",
+            os.environ["FAKE_ZOMBIE"],
+        ]
+    ).wait()
 
 
 def on_signal(sig, frame):
-    print(f"got {signal.Signals(sig).name}", flush=True)
+    print(f"got {signal.Signals(sig).name} at {time.time():.6f}", flush=True)
     if sig == signal.SIGTERM:
         terms.append(time.monotonic())
 
 
-for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT):
+for s in (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+    signal.SIGQUIT,
+    signal.SIGWINCH,
+    signal.SIGALRM,
+    signal.SIGPWR,
+    signal.SIGRTMIN,
+    signal.SIGRTMAX,
+):
     signal.signal(s, on_signal)
 
 
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
+        if self.path == "/metrics":
+            if os.environ.get("FAKE_METRICS") == "hang":
+                time.sleep(3600)
+            running = os.environ.get("FAKE_RUNNING", "0")
+            body = (
+                f"# TYPE vllm:num_requests_running gauge\n"
+                f'vllm:num_requests_running{{model_name="m"}} {running}\n'
+            ).encode()
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+            return
         ok = self.path == "/health" and time.monotonic() - start >= ready_after
         self.send_response(200 if ok else 503)
         self.end_headers()
@@ -55,9 +88,14 @@ server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Health)
 threading.Thread(target=server.serve_forever, daemon=True).start()
 
 if os.environ.get("FAKE_ORPHAN"):
-    child = subprocess.Popen([sys.executable, "-c",
-                              "import signal,time,os;signal.signal(signal.SIGTERM,signal.SIG_IGN);"
-                              "open(os.environ['FAKE_ORPHAN'],'w').write(str(os.getpid()));time.sleep(600)"])
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal,time,os;signal.signal(signal.SIGTERM,signal.SIG_IGN);"
+            "open(os.environ['FAKE_ORPHAN'],'w').write(str(os.getpid()));time.sleep(600)",
+        ]
+    )
 
 
 mode = os.environ.get("FAKE_ON_TERM", "exit:0")
@@ -69,7 +107,11 @@ while True:
         if time.monotonic() - start >= float(secs):
             print("fake vllm: exiting by itself", flush=True)
             os._exit(int(code))
-    if terms and mode != "ignore" and time.monotonic() - terms[0] >= float(os.environ.get("FAKE_DRAIN", "0")):
+    if (
+        terms
+        and mode != "ignore"
+        and time.monotonic() - terms[0] >= float(os.environ.get("FAKE_DRAIN", "0"))
+    ):
         kind, _, val = mode.partition(":")
         if kind == "die":
             signal.signal(getattr(signal, val), signal.SIG_DFL)

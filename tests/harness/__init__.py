@@ -1,6 +1,7 @@
-"""Start a server, stream completions at it, stop it: shared by the end-to-end tests and bench/.
+"""What the tests and bench/ share: the repository root, servers, stream clients, polling,
+process trees and their shared memory.
 
-Only the standard library and `requests` (installed in every test venv).
+Only the standard library, `requests`, psutil and vllm_intel (all in every test venv).
 """
 
 from __future__ import annotations
@@ -15,13 +16,23 @@ import threading
 import time
 from dataclasses import dataclass
 
+import psutil
 import requests
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from vllm_intel.supervisor import observe
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
+OLD_VLLM = "0.27.1"  # the oldest release we test that still lacks the CPU no-op fix
 
 # What every local vllm serve of the tiny model needs on these CPU-only, offline machines.
-SERVE_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-             "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
+SERVE_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+}
 
 
 def free_port() -> int:
@@ -38,8 +49,9 @@ class Server:
         self.env = dict(os.environ, **SERVE_ENV, **(env or {}))
         self.log = open(log_path, "w")
         self.started = time.monotonic()
-        self.proc = subprocess.Popen(argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            argv, env=self.env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.pid = self.proc.pid
 
     @property
@@ -106,11 +118,19 @@ class StreamResult:
         return self.done or self.status not in (None, 200) or bool(self.error)
 
 
-def stream_completion(url: str, model: str, max_tokens: int, timeout: float = 120,
-                      prompt: str = "def main(") -> StreamResult:
+def stream_completion(
+    url: str, model: str, max_tokens: int, timeout: float = 120, prompt: str = "def main("
+) -> StreamResult:
     res = StreamResult()
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True,
-            "stream": True, "temperature": 0.0, "stream_options": {"include_usage": True}}
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "temperature": 0.0,
+        "stream_options": {"include_usage": True},
+    }
     try:
         with requests.post(url + "/v1/completions", json=body, stream=True, timeout=timeout) as r:
             res.status = r.status_code
@@ -131,7 +151,9 @@ def stream_completion(url: str, model: str, max_tokens: int, timeout: float = 12
                 if event.get("usage"):
                     res.tokens = event["usage"]["completion_tokens"]
                 if event.get("choices"):
-                    res.finish_reason = event["choices"][0].get("finish_reason") or res.finish_reason
+                    res.finish_reason = (
+                        event["choices"][0].get("finish_reason") or res.finish_reason
+                    )
     except requests.RequestException as e:
         res.error = f"{type(e).__name__}: {e}"[:300]
     finally:
@@ -144,8 +166,10 @@ class Streams:
 
     def __init__(self, url: str, model: str, n: int, max_tokens: int, timeout: float = 120):
         self.results: list[StreamResult | None] = [None] * n
-        self.threads = [threading.Thread(target=self._one, args=(i, url, model, max_tokens, timeout))
-                        for i in range(n)]
+        self.threads = [
+            threading.Thread(target=self._one, args=(i, url, model, max_tokens, timeout))
+            for i in range(n)
+        ]
         for t in self.threads:
             t.start()
 
@@ -156,42 +180,49 @@ class Streams:
         end = time.monotonic() + timeout
         for t in self.threads:
             t.join(max(end - time.monotonic(), 0))
-        return [r if r is not None else StreamResult(error="client thread still waiting")
-                for r in self.results]
+        return [
+            r if r is not None else StreamResult(error="client thread still waiting")
+            for r in self.results
+        ]
 
 
 def wait_until_tokens_flow(url: str, running: int = 1, timeout: float = 30) -> None:
     """Block until the engine runs `running` requests (so a signal lands mid-generation)."""
+
+    def enough() -> bool:
+        counts = observe.parse_counts(requests.get(url + "/metrics", timeout=2).text)
+        return counts["running"] >= running
+
+    poll(enough, timeout, what="no request started running", interval=0.1)
+
+
+def poll(check, timeout: float, what: str = "condition not reached", interval: float = 0.2):
+    """check()'s first truthy value within `timeout` s; request errors count as "not yet"."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         try:
-            text = requests.get(url + "/metrics", timeout=2).text
-            for line in text.splitlines():
-                if line.startswith("vllm:num_requests_running") and float(line.split()[-1]) >= running:
-                    return
-        except requests.RequestException:
+            value = check()
+            if value:
+                return value
+        except (requests.RequestException, OSError, ValueError):
             pass
-        time.sleep(0.1)
-    raise TimeoutError("no request started running")
+        time.sleep(interval)
+    raise TimeoutError(f"{what} after {timeout} s")
+
+
+def _living(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def descendants(pid: int) -> list[int]:
     """pid's live descendants (vLLM's API server, engine core, workers, resource tracker)."""
-    children: dict[int, list[int]] = {}
-    for proc in pathlib.Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                if fields[0] != "Z":
-                    children.setdefault(int(fields[1]), []).append(int(proc.name))
-            except (OSError, IndexError, ValueError):
-                pass
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
+    try:
+        return [p.pid for p in psutil.Process(pid).children(recursive=True) if _living(p)]
+    except psutil.Error:
+        return []
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -199,10 +230,9 @@ def alive(pids: list[int]) -> list[int]:
     out = []
     for pid in pids:
         try:
-            state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            if state != "Z":
+            if _living(psutil.Process(pid)):
                 out.append(pid)
-        except OSError:
+        except psutil.Error:
             pass
     return out
 
@@ -212,14 +242,10 @@ def shm_segments(pids: list[int]) -> set[str]:
     found = set()
     for pid in pids:
         try:
-            for line in pathlib.Path(f"/proc/{pid}/maps").read_text().splitlines():
-                path = line.split(maxsplit=5)[-1]
-                if path.startswith("/dev/shm/"):
-                    found.add(path.replace(" (deleted)", ""))
-            for fd in pathlib.Path(f"/proc/{pid}/fd").iterdir():
-                target = os.readlink(fd)
-                if target.startswith("/dev/shm/"):
-                    found.add(target)
-        except OSError:
-            pass
+            proc = psutil.Process(pid)
+            paths = [m.path for m in proc.memory_maps(grouped=False)]
+            paths += [f.path for f in proc.open_files()]
+        except psutil.Error:
+            continue
+        found |= {p.replace(" (deleted)", "") for p in paths if p.startswith("/dev/shm/")}
     return found

@@ -1,7 +1,7 @@
 """cpu-accelerator-api: every public ``torch.accelerator`` call behaves sensibly on a CPU-only host.
 
 Target:   module ``torch.accelerator`` (all names in its ``__all__``), torch 2.13.0+cpu here.
-Upstream: follow-up of vllm#41033 / vllm PR #49960 (project issue 8). No upstream torch fix yet:
+Upstream: follow-up of vllm#41033 / vllm PR #49960. No upstream torch fix yet:
           ``torch.accelerator.synchronize()`` and most other calls raise ``RuntimeError: Cannot
           access accelerator device when none is available.`` (no call named), and Dynamo's
           ``handle_synchronize`` (torch/_dynamo/variables/torch.py) asserts ``No accelerator
@@ -69,7 +69,7 @@ import torch
 from . import _accel_guard
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
 
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 _DYNAMO_ASSERT = "No accelerator available for torch.accelerator.synchronize"
 
 
@@ -81,6 +81,7 @@ class AcceleratorUnavailableError(RuntimeError):
 def _noop(name: str, result=None):
     def fn(*args, **kwargs):
         return result() if callable(result) else result
+
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"vllm-intel CPU equivalent of torch.accelerator.{name}: returns {result!r}."
     return fn
@@ -89,6 +90,7 @@ def _noop(name: str, result=None):
 def _error(name: str, why: str):
     def fn(*args, **kwargs):
         raise AcceleratorUnavailableError(f"{name}()", why)
+
     fn.__name__ = fn.__qualname__ = name
     fn.__doc__ = f"vllm-intel: torch.accelerator.{name} has no CPU equivalent ({why})."
     return fn
@@ -111,8 +113,9 @@ def _make_classes():
 
         def __enter__(self):
             if self._idx is not None:
-                raise AcceleratorUnavailableError(f"device_index({self._idx!r})",
-                                                  "there is no device to switch to")
+                raise AcceleratorUnavailableError(
+                    f"device_index({self._idx!r})", "there is no device to switch to"
+                )
             return None
 
         def __exit__(self, *exc):
@@ -168,7 +171,10 @@ class CpuAcceleratorApi(Patch):
 
     def check(self) -> tuple[str, str]:
         if torch.accelerator.is_available():
-            return NOT_APPLICABLE, f"accelerator present ({torch.accelerator.current_accelerator()})"
+            return (
+                NOT_APPLICABLE,
+                f"accelerator present ({torch.accelerator.current_accelerator()})",
+            )
         try:
             torch.accelerator.synchronize()
             eager_ok = True

@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from ._base import Patch, PatchConfigError
 
 PATCH_MODULES = [
-    "cpu_accelerator_api",    # issue 8: torch.accelerator on CPU-only hosts (+ torch.compile)
-    "cpu_accelerator_noops",  # issue 2: vllm#41033 / PR #49960, vLLM's aliased CPU no-ops
-    "xpu_shutdown",           # issue 2: vLLM PR #46433, graceful XPU shutdown (< 0.25)
-    "drain_deadline",         # issue 3: a drain ends with a final event per request, never a stall
-    "fast_exit",              # issue 3: no multi-second final GC scan after vLLM's teardown
+    "cpu_accelerator_api",  # torch.accelerator on CPU-only hosts (+ torch.compile)
+    "cpu_accelerator_noops",  # vllm#41033 / vllm PR #49960: vLLM's aliased CPU no-ops
+    "xpu_shutdown",  # vllm PR #46433: graceful XPU shutdown (< 0.25)
+    "drain_deadline",  # a drain ends with a final event per request, never a stall
+    "fast_exit",  # no multi-second final GC scan after vLLM's teardown
 ]
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"
@@ -45,7 +45,8 @@ def select(env: Mapping[str, str]) -> tuple[list[Patch], list[Patch], PatchConfi
     if unknown:
         error = PatchConfigError(
             f"unknown patch name(s) {','.join(unknown)} in {ALLOW_ENV}/{DENY_ENV}; "
-            f"known: {','.join(sorted(known))}")
+            f"known: {','.join(sorted(known))}"
+        )
     enabled = [p for p in patches if (allow is None or p.name in allow) and p.name not in deny]
     return enabled, [p for p in patches if p not in enabled], error
 

@@ -34,7 +34,7 @@ import logging
 
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
 
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 XPU_MIN_SHUTDOWN_TIMEOUT = 5  # upstream's value
 
 
@@ -50,19 +50,27 @@ def _method_source(src: str, cls: str, method: str) -> str | None:
 
 def missing_pieces() -> list[str] | None:
     """Which parts of PR #46433 the installed vLLM lacks; None if it has no XPU worker."""
-    srcs = {m: module_source(m) for m in ("vllm.platforms.xpu", "vllm.v1.worker.xpu_worker",
-                                          "vllm.v1.worker.gpu_worker",
-                                          "vllm.v1.worker.gpu_model_runner")}
+    srcs = {
+        m: module_source(m)
+        for m in (
+            "vllm.platforms.xpu",
+            "vllm.v1.worker.xpu_worker",
+            "vllm.v1.worker.gpu_worker",
+            "vllm.v1.worker.gpu_model_runner",
+        )
+    }
     if None in srcs.values():
         return None
     missing = []
     if "shutdown_timeout" not in srcs["vllm.platforms.xpu"]:
         missing.append("shutdown-timeout")
-    if "release_pools" not in (_method_source(srcs["vllm.v1.worker.xpu_worker"], "XPUWorker",
-                                              "shutdown") or ""):
+    if "release_pools" not in (
+        _method_source(srcs["vllm.v1.worker.xpu_worker"], "XPUWorker", "shutdown") or ""
+    ):
         missing.append("worker-release-pools")
-    if "is_xpu()" not in (_method_source(srcs["vllm.v1.worker.gpu_model_runner"],
-                                         "GPUModelRunner", "shutdown") or ""):
+    if "is_xpu()" not in (
+        _method_source(srcs["vllm.v1.worker.gpu_model_runner"], "GPUModelRunner", "shutdown") or ""
+    ):
         missing.append("runner-cleanup")
     worker_shutdown = _method_source(srcs["vllm.v1.worker.gpu_worker"], "Worker", "shutdown") or ""
     if "CuMemAllocator" in worker_shutdown and "is_cuda_alike" not in worker_shutdown:
@@ -72,6 +80,7 @@ def missing_pieces() -> list[str] | None:
 
 def _platform():
     from vllm.platforms import current_platform
+
     return current_platform
 
 
@@ -100,41 +109,52 @@ class XpuShutdown(Patch):
 
     def _apply_shutdown_timeout(self) -> None:
         from vllm.platforms.xpu import XPUPlatform
+
         orig = XPUPlatform.check_and_update_config.__func__
 
         def check_and_update_config(cls, vllm_config) -> None:
             orig(cls, vllm_config)
             if vllm_config.shutdown_timeout == 0:
                 vllm_config.shutdown_timeout = XPU_MIN_SHUTDOWN_TIMEOUT
-                log.info("XPU platform: set server shutdown_timeout=%d.",
-                         vllm_config.shutdown_timeout)
+                log.info(
+                    "XPU platform: set server shutdown_timeout=%d.", vllm_config.shutdown_timeout
+                )
 
         self._replace(XPUPlatform, "check_and_update_config", classmethod(check_and_update_config))
 
     def _apply_worker_release_pools(self) -> None:
         from vllm.v1.worker.xpu_worker import XPUWorker
+
         own = vars(XPUWorker).get("shutdown")
 
         def shutdown(self) -> None:
-            log.info("XPUWorker shutdown: cleaning up (rank=%d, local_rank=%d)",
-                     self.rank, self.local_rank)
+            log.info(
+                "XPUWorker shutdown: cleaning up (rank=%d, local_rank=%d)",
+                self.rank,
+                self.local_rank,
+            )
             own(self) if own is not None else super(XPUWorker, self).shutdown()
             # After the parent: the model runner and distributed state must be gone first.
             from vllm.device_allocator.xpumem import XpuMemAllocator
+
             if XpuMemAllocator.instance is not None:
                 XpuMemAllocator.instance.release_pools()
-            log.info("XPUWorker shutdown: done (rank=%d, local_rank=%d)", self.rank, self.local_rank)
+            log.info(
+                "XPUWorker shutdown: done (rank=%d, local_rank=%d)", self.rank, self.local_rank
+            )
 
         self._replace(XPUWorker, "shutdown", shutdown)
 
     def _apply_runner_cleanup(self) -> None:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
         orig = GPUModelRunner.shutdown
 
         def shutdown(self) -> None:
             orig(self)
             if _platform().is_xpu():
                 import torch
+
                 gc.collect()
                 torch.xpu.empty_cache()
                 torch.xpu.synchronize()
@@ -143,6 +163,7 @@ class XpuShutdown(Patch):
 
     def _apply_cumem_cuda_only(self) -> None:
         from vllm.v1.worker.gpu_worker import Worker
+
         orig = Worker.shutdown
 
         def shutdown(self) -> None:
@@ -150,6 +171,7 @@ class XpuShutdown(Patch):
                 return orig(self)
             # Hide the CUDA allocator from a release that would release its pools on any platform.
             from vllm.device_allocator.cumem import CuMemAllocator
+
             saved, CuMemAllocator.instance = CuMemAllocator.instance, None
             try:
                 return orig(self)

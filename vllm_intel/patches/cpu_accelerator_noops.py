@@ -43,7 +43,9 @@ BINDERS = (  # (module, function or None for module level)
 def _bound_names(tree: ast.AST, function: str | None) -> dict[str, str]:
     """{'synchronize': 'noop', ...} for ``torch.accelerator.<name> = <Name>`` in the scope."""
     if function is not None:
-        scopes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
+        scopes = [
+            n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function
+        ]
         if not scopes:
             return {}
         body = list(ast.walk(scopes[0]))
@@ -53,8 +55,11 @@ def _bound_names(tree: ast.AST, function: str | None) -> dict[str, str]:
     for node in body:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name):
             for t in node.targets:
-                if (isinstance(t, ast.Attribute) and t.attr in NAMES
-                        and ast.unparse(t.value) == "torch.accelerator"):
+                if (
+                    isinstance(t, ast.Attribute)
+                    and t.attr in NAMES
+                    and ast.unparse(t.value) == "torch.accelerator"
+                ):
                     out[t.attr] = node.value.id
     return out
 
@@ -79,6 +84,7 @@ def aliasing_binders() -> tuple[list[str], list[str]]:
 def _distinct_noop(name: str):
     def fn(*args, **kwargs):
         return None
+
     fn.__name__ = fn.__qualname__ = f"{name}_noop"
     fn.__doc__ = f"vllm-intel: distinct no-op for torch.accelerator.{name} (vllm#41033)."
     return fn

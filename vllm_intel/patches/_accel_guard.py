@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import types
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 Policy = Callable[[str, object], object]
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 
 
 class _GuardedModule(types.ModuleType):

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import importlib.util
 
-APPLIED = "applied"                # this process now runs the patched code
-UPSTREAM = "upstream"              # the installed code already carries the fix
+APPLIED = "applied"  # this process now runs the patched code
+UPSTREAM = "upstream"  # the installed code already carries the fix
 NOT_APPLICABLE = "not-applicable"  # the fix is not needed on this platform / installation
-FAILED = "failed"                  # needed, but applying it raised (reason says why)
-DISABLED = "disabled"              # left out by INTEL_VLLM_PATCHES / INTEL_VLLM_PATCHES_DISABLE
-NEEDED = "needed"                  # check() only: apply() would change something
-PENDING = "pending"                # not applied/checked yet in this process
+FAILED = "failed"  # needed, but applying it raised (reason says why)
+DISABLED = "disabled"  # left out by INTEL_VLLM_PATCHES / INTEL_VLLM_PATCHES_DISABLE
+NEEDED = "needed"  # check() only: apply() would change something
+PENDING = "pending"  # not applied/checked yet in this process
 
 _MISSING = object()
 
@@ -87,8 +87,15 @@ class Patch:
     # -- helpers for _apply() ---------------------------------------------------------------
     def _replace(self, obj: object, attr: str, value: object) -> None:
         """setattr that remembers the original (own attribute or absent) for revert()."""
-        self._saved.append((obj, attr, vars(obj).get(attr, _MISSING) if hasattr(obj, "__dict__")
-                            else getattr(obj, attr, _MISSING)))
+        self._saved.append(
+            (
+                obj,
+                attr,
+                vars(obj).get(attr, _MISSING)
+                if hasattr(obj, "__dict__")
+                else getattr(obj, attr, _MISSING),
+            )
+        )
         setattr(obj, attr, value)
 
 
@@ -113,6 +120,7 @@ def code_source(modname: str, qualname: str) -> str | None:
     None when the module or the attribute does not exist (a release without that code)."""
     import importlib
     import inspect
+
     try:
         obj = importlib.import_module(modname)
         for part in qualname.split("."):

@@ -1,10 +1,10 @@
-"""vllm-intel runtime patches for vLLM on Intel CPUs and XPUs (import name ``vllm_intel_patches``).
+"""vllm-intel runtime patches for vLLM on Intel CPUs and XPUs (import name ``vllm_intel.patches``).
 
 ``register()`` is the ``vllm.general_plugins`` entry point: vLLM calls it once in each of its
 processes (API server, EngineCore, Worker). It applies the enabled patches and logs one line with
 their states. It never raises into vLLM start-up unless ``INTEL_VLLM_PATCHES_STRICT=1``.
 
-``main(argv)`` (``python -m vllm_intel_patches``) applies the patches in its own process and
+``main(argv)`` (``python -m vllm_intel.patches``) applies the patches in its own process and
 prints one line per patch: name, state, reason. See docs/patches.md.
 """
 
@@ -16,15 +16,33 @@ import os
 import sys
 import time
 
-from ._base import (APPLIED, DISABLED, FAILED, NOT_APPLICABLE, UPSTREAM, Patch,
-                    PatchConfigError, PatchFailedError)
 from . import registry
+from ._base import (
+    APPLIED,
+    DISABLED,
+    FAILED,
+    NOT_APPLICABLE,
+    UPSTREAM,
+    Patch,
+    PatchConfigError,
+    PatchFailedError,
+)
 
-__all__ = ["register", "main", "apply_all", "PatchConfigError", "PatchFailedError", "APPLIED",
-           "UPSTREAM", "NOT_APPLICABLE", "FAILED", "DISABLED"]
+__all__ = [
+    "register",
+    "main",
+    "apply_all",
+    "PatchConfigError",
+    "PatchFailedError",
+    "APPLIED",
+    "UPSTREAM",
+    "NOT_APPLICABLE",
+    "FAILED",
+    "DISABLED",
+]
 
 # A child of vLLM's logger, so the line gets vLLM's format and "(EngineCore pid=..)" prefix.
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 _registered_pid: int | None = None
 
 
@@ -34,8 +52,12 @@ def _emit(level: int, msg: str, *args) -> None:
     if log.hasHandlers():
         log.log(level, msg, *args)
     elif level >= logging.INFO:
-        print(f"{logging.getLevelName(level)} {time.strftime('%m-%d %H:%M:%S')} "
-              f"[vllm_intel_patches] {msg % args}", file=sys.stderr, flush=True)
+        print(
+            f"{logging.getLevelName(level)} {time.strftime('%m-%d %H:%M:%S')} "
+            f"[vllm_intel.patches] {msg % args}",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def process_kind() -> str:
@@ -68,8 +90,10 @@ def _failure(patches: list[Patch]) -> PatchFailedError | None:
     failed = [p for p in patches if p.state == FAILED]
     if not failed:
         return None
-    return PatchFailedError("; ".join(f"vllm-intel patch {p.name} failed: {p.reason}"
-                                      for p in failed) + f" ({registry.STRICT_ENV}=1)")
+    return PatchFailedError(
+        "; ".join(f"vllm-intel patch {p.name} failed: {p.reason}" for p in failed)
+        + f" ({registry.STRICT_ENV}=1)"
+    )
 
 
 def register() -> None:
@@ -90,8 +114,13 @@ def register() -> None:
         if strict:
             raise error
         _emit(logging.ERROR, "vllm-intel patches: %s", error)
-    _emit(logging.INFO, "vllm-intel patches (pid %d, %s): %s", os.getpid(), process_kind(),
-          " ".join(f"{p.name}={p.state}" for p in _order(patches)))
+    _emit(
+        logging.INFO,
+        "vllm-intel patches (pid %d, %s): %s",
+        os.getpid(),
+        process_kind(),
+        " ".join(f"{p.name}={p.state}" for p in _order(patches)),
+    )
     for p in patches:
         if p.state == FAILED and not strict:
             _emit(logging.WARNING, "vllm-intel patch %s failed: %s", p.name, p.reason)
@@ -99,7 +128,7 @@ def register() -> None:
         raise failure
 
 
-USAGE = "usage: python -m vllm_intel_patches [--strict]"
+USAGE = "usage: python -m vllm_intel.patches [--strict]"
 
 
 def main(argv: list[str] | None = None) -> int:

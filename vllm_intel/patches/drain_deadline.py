@@ -6,7 +6,7 @@ least; decided by reading the running code, not by version):
   * ``vllm.v1.engine.async_llm.AsyncLLM.shutdown`` (API server process)
   * ``build_middleware_stack`` of ``fastapi.FastAPI`` (or ``Starlette`` where FastAPI does not
     override it) (API server process)
-Upstream: no fix yet; the behaviour is the one measured in ../shared/ENVIRONMENT.md.
+Upstream: no fix yet; the behaviour is measured by tests/e2e (a drain shorter than the work).
 
 What goes wrong upstream, and what this changes:
   1. When the drain window is shorter than the work, the process manager SIGKILLs the engine core
@@ -33,7 +33,7 @@ import time
 
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
 
-log = logging.getLogger("vllm.vllm_intel_patches")
+log = logging.getLogger("vllm.vllm_intel.patches")
 
 ABORT_LEAD_S = 2.0
 # Set from AsyncLLM.shutdown (the API server starts it on SIGTERM); read by the ASGI wrapper.
@@ -47,19 +47,38 @@ class StoppedBeforeFinishing(RuntimeError):
 class RefuseWhileDraining:
     """Outermost ASGI layer: 503 for work requests once the drain has started."""
 
-    BODY = json.dumps({"error": {
-        "message": "server is shutting down; retry on another instance",
-        "type": "ServiceUnavailable", "param": None, "code": 503}}).encode()
+    BODY = json.dumps(
+        {
+            "error": {
+                "message": "server is shutting down; retry on another instance",
+                "type": "ServiceUnavailable",
+                "param": None,
+                "code": 503,
+            }
+        }
+    ).encode()
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
-        if (scope["type"] == "http" and DRAINING.is_set()
-                and scope.get("method", "GET") not in ("GET", "HEAD")):
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"connection", b"close"),
-                (b"retry-after", b"5"), (b"content-length", str(len(self.BODY)).encode())]})
+        if (
+            scope["type"] == "http"
+            and DRAINING.is_set()
+            and scope.get("method", "GET") not in ("GET", "HEAD")
+        ):
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 503,
+                    "headers": [
+                        (b"content-type", b"application/json"),
+                        (b"connection", b"close"),
+                        (b"retry-after", b"5"),
+                        (b"content-length", str(len(self.BODY)).encode()),
+                    ],
+                }
+            )
             await send({"type": "http.response.body", "body": self.BODY})
             return
         await self.app(scope, receive, send)
@@ -71,7 +90,10 @@ class DrainDeadline(Patch):
     def check(self) -> tuple[str, str]:
         src = code_source("vllm.v1.engine.core", "EngineCoreProc._handle_shutdown")
         if src is None:
-            return NOT_APPLICABLE, "this vLLM has no drain mode (no EngineCoreProc._handle_shutdown)"
+            return (
+                NOT_APPLICABLE,
+                "this vLLM has no drain mode (no EngineCoreProc._handle_shutdown)",
+            )
         if "shutdown_timeout" not in src or "FINISHED_ABORTED" not in src:
             return NOT_APPLICABLE, "EngineCoreProc._handle_shutdown has an unknown shape"
         if "monotonic" in src or "deadline" in src:
@@ -91,14 +113,19 @@ class DrainDeadline(Patch):
             timeout = self.vllm_config.shutdown_timeout
             if state == EngineShutdownState.REQUESTED and timeout > 0:
                 self._intel_abort_at = time.monotonic() + timeout - min(ABORT_LEAD_S, timeout / 4)
-            elif (state == EngineShutdownState.SHUTTING_DOWN
-                  and getattr(self, "_intel_abort_at", None) is not None
-                  and time.monotonic() >= self._intel_abort_at):
+            elif (
+                state == EngineShutdownState.SHUTTING_DOWN
+                and getattr(self, "_intel_abort_at", None) is not None
+                and time.monotonic() >= self._intel_abort_at
+            ):
                 self._intel_abort_at = None
                 count = self.scheduler.get_num_unfinished_requests()
                 if count:
-                    log.warning("[shutdown] EngineCore: drain window ending, aborting %d "
-                                "unfinished request(s) so their clients get a final event", count)
+                    log.warning(
+                        "[shutdown] EngineCore: drain window ending, aborting %d "
+                        "unfinished request(s) so their clients get a final event",
+                        count,
+                    )
                     aborted = self.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)
                     self._send_abort_outputs(aborted)
             return orig_handle(self)
@@ -115,8 +142,11 @@ class DrainDeadline(Patch):
                 processor = getattr(self, "output_processor", None)
                 if processor is not None and processor.has_unfinished_requests() and loop:
                     count = len(processor.request_states)
-                    log.warning("[shutdown] API server: failing %d request(s) still open after "
-                                "the engine stopped", count)
+                    log.warning(
+                        "[shutdown] API server: failing %d request(s) still open after "
+                        "the engine stopped",
+                        count,
+                    )
                     err = StoppedBeforeFinishing("the server stopped before this request finished")
                     loop.call_soon_threadsafe(processor.propagate_error, err)
 

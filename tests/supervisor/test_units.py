@@ -1,0 +1,240 @@
+"""The supervisor's pure functions, in-process: settings, exit codes, /metrics, the sweep, probes."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+
+import pytest
+
+from vllm_intel.supervisor import janitor, loop, observe, probes, settings
+from vllm_intel.supervisor.settings import ConfigError, Exit
+
+# ---------------------------------------------------------------------------------- settings
+
+
+def test_serve_config_adds_the_drain_as_shutdown_timeout(tmp_path):
+    cfg = settings.serve_config(
+        [str(tmp_path), "--port", "9001"], env={"INTEL_VLLM_DRAIN_TIMEOUT": "7"}
+    )
+    assert cfg.port == 9001 and cfg.drain == 7
+    assert cfg.argv[-4:] == ["--port", "9001", "--shutdown-timeout", "7"]
+    assert cfg.argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def test_users_shutdown_timeout_is_the_drain(tmp_path):
+    cfg = settings.serve_config([str(tmp_path), "--shutdown-timeout=12"], env={})
+    assert cfg.drain == 12 and cfg.argv.count("--shutdown-timeout=12") == 1
+    assert "--shutdown-timeout" not in cfg.argv
+
+
+def test_xpu_raises_a_short_drain_and_rewrites_the_flag(tmp_path):
+    cfg = settings.serve_config(
+        [str(tmp_path), "--shutdown-timeout", "0"], env={"INTEL_VLLM_DEVICE": "xpu"}
+    )
+    assert cfg.drain == settings.XPU_MIN_DRAIN_S and cfg.notes
+    assert cfg.argv[-2:] == ["--shutdown-timeout", str(settings.XPU_MIN_DRAIN_S)]
+    assert cfg.argv.count("--shutdown-timeout") == 1
+
+
+@pytest.mark.parametrize(
+    "env,args,message",
+    [
+        ({"INTEL_VLLM_DRAIN_TIMEOUT": "1.5"}, ["/"], "whole number"),
+        ({"INTEL_VLLM_DEVICE": "gpu"}, ["/"], "cpu or xpu"),
+        ({}, ["/no/such/model"], "does not exist"),
+        ({}, ["/", "--port"], "--port needs a value"),
+    ],
+)
+def test_bad_settings_raise_config_error(env, args, message):
+    with pytest.raises(ConfigError, match=message):
+        settings.serve_config(args, env=env)
+
+
+def test_grace_is_drain_plus_teardown_plus_margin():
+    assert settings.grace_period(30) == 45 == 30 + settings.TEARDOWN_S + settings.MARGIN_S
+    assert settings.deadline(30) == 40
+
+
+def test_state_file_default_and_override():
+    assert settings.state_file(8123, env={}).name == "vllm-intel-8123.state.json"
+    assert settings.state_file(1, env={"INTEL_VLLM_STATE_FILE": "/x/s.json"}) == pathlib.Path(
+        "/x/s.json"
+    )
+
+
+# ---------------------------------------------------------------------------------- exit codes
+
+
+@pytest.mark.parametrize(
+    "rc,stop,escalated,expected",
+    [
+        (0, True, False, 0),  # clean drain
+        (3, True, False, 3),  # vLLM's own code after a stop request
+        (-11, True, False, 139),  # died of SIGSEGV
+        (0, False, False, Exit.UNEXPECTED),  # exited by itself: must be restarted
+        (5, False, False, 5),
+        (-9, True, True, Exit.FORCED),  # we killed the group
+        (0, True, True, 0),  # exited cleanly during the escalation
+    ],
+)
+def test_exit_code_mapping(rc, stop, escalated, expected):
+    assert settings.exit_code(rc, stop_requested=stop, escalated=escalated) == expected
+
+
+# ---------------------------------------------------------------------------------- signals
+
+
+def test_every_catchable_signal_but_ours_is_forwarded():
+    assert {
+        signal.SIGHUP,
+        signal.SIGQUIT,
+        signal.SIGUSR1,
+        signal.SIGUSR2,
+        signal.SIGWINCH,
+        signal.SIGALRM,
+        signal.SIGPWR,
+        signal.SIGCONT,
+        signal.SIGRTMIN,
+        signal.SIGRTMAX,
+    } <= loop.FORWARDED
+    assert not (
+        {
+            signal.SIGTERM,
+            signal.SIGINT,
+            signal.SIGCHLD,
+            signal.SIGKILL,
+            signal.SIGSTOP,
+            signal.SIGTSTP,
+            signal.SIGSEGV,
+        }
+        & loop.FORWARDED
+    )
+    assert loop.WATCHED == loop.FORWARDED | loop.STOPPING | {signal.SIGCHLD}
+
+
+# ---------------------------------------------------------------------------------- /metrics
+
+METRICS = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+# TYPE vllm:request_success counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 10.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 4.0
+vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 2.0
+vllm:request_success_created{engine="0",finished_reason="stop",model_name="m"} 1.7e9
+"""
+
+
+def test_metrics_counts_sum_engines_and_split_aborts():
+    assert observe.parse_counts(METRICS) == {
+        "running": 5.0,
+        "waiting": 1.0,
+        "finished": 14.0,
+        "aborted": 2.0,
+    }
+
+
+def test_observer_summary_is_relative_to_the_drain():
+    obs = observe.Observer(0)
+    assert obs.summary() == ""  # never counted (vLLM was not serving)
+    obs.at_drain = observe.parse_counts(METRICS)
+    obs.last = dict(obs.at_drain, running=0.0, waiting=1.0, finished=19.0, aborted=3.0)
+    assert obs.summary() == (
+        "; 6 in flight at SIGTERM, 5 finished, 1 aborted, 1 still running "
+        "(as last seen in /metrics)"
+    )
+
+
+# ---------------------------------------------------------------------------------- janitor
+
+
+def _shm(tmp_path):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    for name in ("psm_0a1b", "sem.mp-x1y2", "wnsm_7", "psm_live", "unrelated"):
+        (shm / name).write_bytes(b"x")
+    return shm
+
+
+def _inode(path):
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino)
+
+
+def test_sweep_keeps_what_a_process_maps_and_what_is_not_vllms(tmp_path):
+    shm = _shm(tmp_path)
+    used = {_inode(shm / "psm_live")}
+    found = janitor.stale(shm, tmp_path, in_use=lambda: used, identity=lambda pid: "")
+    assert sorted(p.name for p in found) == ["psm_0a1b", "sem.mp-x1y2", "wnsm_7"]
+
+
+def test_sweep_at_exit_only_looks_at_this_runs_segments(tmp_path):
+    shm = _shm(tmp_path)
+    (tmp_path / f"{settings.RUN_DIR_PREFIX}other").mkdir()
+    found = janitor.stale(shm, tmp_path, only={"psm_0a1b"}, in_use=set, identity=lambda pid: "")
+    assert [p.name for p in found] == ["psm_0a1b"]  # and no run directory
+
+
+def test_run_dirs_of_live_supervisors_stay_even_when_the_pid_is_reused(tmp_path):
+    table = {41: "41 1000.00", 42: "42 2000.00"}  # pid -> identity now
+
+    def identity(pid):
+        if pid not in table:
+            raise ProcessLookupError(pid)
+        return table[pid]
+
+    for name, recorded in (
+        ("alive", "41 1000.00"),
+        ("reused", "42 1500.00"),
+        ("dead", "43 10.00"),
+        ("unreadable", None),
+    ):
+        d = tmp_path / f"{settings.RUN_DIR_PREFIX}{name}"
+        d.mkdir()
+        if recorded:
+            (d / janitor.PID_FILE).write_text(recorded)
+    found = janitor.stale(tmp_path / "none", tmp_path, in_use=set, identity=identity)
+    assert sorted(p.name.rsplit("-", 1)[1] for p in found) == ["dead", "reused", "unreadable"]
+
+
+def test_files_in_use_sees_this_process_mapping_a_file(tmp_path):
+    import mmap
+
+    path = tmp_path / "psm_mapped"
+    path.write_bytes(b"x" * 4096)
+    with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096):
+        assert _inode(path) in janitor.files_in_use()
+    assert _inode(path) not in janitor.files_in_use()
+
+
+def test_identity_tells_a_process_from_a_reused_pid():
+    me = janitor.process_identity(os.getpid())
+    assert me.split()[0] == str(os.getpid())
+    assert me == janitor.process_identity(os.getpid())
+    assert janitor.process_identity(1) != me
+
+
+# ---------------------------------------------------------------------------------- probes
+
+
+@pytest.mark.parametrize(
+    "kind,state,healthy,ok",
+    [
+        ("ready", "STARTING", True, False),
+        ("ready", "SERVING", True, True),
+        ("ready", "SERVING", False, False),
+        ("ready", "DRAINING", True, False),  # out of rotation the moment the drain starts
+        ("live", "STARTING", False, True),  # loading is alive
+        ("live", "DRAINING", True, True),  # draining is alive
+        ("live", "DRAINING", False, False),
+        ("live", "KILLING", True, False),
+    ],
+)
+def test_probe_decisions(kind, state, healthy, ok):
+    assert probes.decide(kind, state, healthy) is ok

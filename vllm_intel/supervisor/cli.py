@@ -1,0 +1,100 @@
+"""`entrypoint.py` subcommands: serve (set up, spawn, loop, clean up), patches, probe,
+grace-period, help."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import sys
+import tempfile
+
+from . import settings
+from .settings import ConfigError, Exit, log
+
+
+def child_env(run_dir: pathlib.Path) -> dict[str, str]:
+    env = dict(os.environ)
+    # vLLM's sockets, inductor's scratch files and vllm_dist_* files land here and go with it.
+    env["TMPDIR"] = str(run_dir)
+    env["VLLM_RPC_BASE_PATH"] = str(run_dir)
+    # Keep compiled kernels across runs (a warm start is ~15 s faster); it is a cache, not litter.
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.inductor_cache(os.environ)))
+    return env
+
+
+def serve(args: list[str]) -> int:
+    cfg = settings.serve_config(args)
+    for note in cfg.notes:
+        log(note)
+    if importlib.util.find_spec("vllm") is None:
+        log(f"vLLM is not installed for {sys.executable}")
+        return Exit.NOT_FOUND
+    settings.check_tmpdir()
+    probe_port = settings.probe_port()
+    # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
+    from . import janitor, probes
+    from .loop import Supervisor
+
+    tmp = pathlib.Path(tempfile.gettempdir())
+    sup = Supervisor(cfg, settings.state_file(cfg.port))
+    with janitor.run_dir(tmp, settings.shm_dir(), sup.state_path) as run_dir:
+        Supervisor.block_signals()
+        if probe_port is not None:
+            try:
+                probes.serve_http(probe_port, cfg.port, lambda: sup.state)
+            except OSError as e:
+                raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
+        failed = sup.spawn(child_env(run_dir))
+        return failed if failed is not None else sup.run()
+
+
+def patches(args: list[str]) -> int:
+    try:
+        from vllm_intel import patches as plugin
+    except ImportError as e:
+        log(f"the patch plugin cannot be imported for {sys.executable}: {e}")
+        return Exit.NOT_FOUND
+    return plugin.main(args)
+
+
+def grace_period(args: list[str]) -> int:
+    print(settings.grace_period(settings.drain_seconds()[0]))
+    return 0
+
+
+def show_help(args: list[str]) -> int:
+    from .docs import help_text
+
+    print(help_text())
+    return 0
+
+
+def probe(args: list[str]) -> int:
+    from .probes import probe as run_probe
+
+    return run_probe(args)
+
+
+COMMANDS = {
+    "serve": serve,
+    "patches": patches,
+    "probe": probe,
+    "grace-period": grace_period,
+    "-h": show_help,
+    "--help": show_help,
+    "help": show_help,
+}
+
+
+def main(argv: list[str]) -> int:
+    cmd, rest = (argv[0], argv[1:]) if argv else ("serve", [])
+    try:
+        if cmd not in COMMANDS:
+            raise ConfigError(
+                f"unknown subcommand {cmd!r} (expected serve, patches, probe, grace-period)"
+            )
+        return COMMANDS[cmd](rest)
+    except ConfigError as e:
+        print(f"entrypoint.py: {e}", file=sys.stderr)
+        return Exit.CONFIG

@@ -1,0 +1,90 @@
+"""The docs' copies of the supervisor's facts, rendered from vllm_intel.supervisor.settings.
+
+README.md and docs/CONVENTIONS.md hold each block between `<!-- generated:NAME -->` and
+`<!-- end:NAME -->`; `python -m vllm_intel.supervisor.docs` rewrites them and
+tests/supervisor/test_docs.py fails when they differ.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import sys
+
+from . import settings
+
+
+def exit_codes() -> str:
+    rows = [f"| {code} | {meaning} |" for code, meaning in settings.EXIT_CODES]
+    return "\n".join(["| code | meaning |", "|---|---|", *rows])
+
+
+def settings_table() -> str:
+    rows = [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in settings.SETTINGS]
+    return "\n".join(["| variable | default | meaning |", "|---|---|---|", *rows])
+
+
+def shutdown() -> str:
+    return f"```\n{settings.SHUTDOWN_FORMULA}\n```"
+
+
+def orchestrator() -> str:
+    return f"```\n{settings.ORCHESTRATOR_FORMULA}\n```"
+
+
+def usage() -> str:
+    return f"```\n{settings.USAGE}\n```"
+
+
+BLOCKS = {
+    "usage": usage,
+    "settings": settings_table,
+    "shutdown": shutdown,
+    "exit-codes": exit_codes,
+    "orchestrator": orchestrator,
+}
+FILES = ("README.md", "docs/CONVENTIONS.md", "docs/deploy.md")
+
+
+def help_text() -> str:
+    """`entrypoint.py --help`."""
+    plain_exit = "\n".join(
+        f"  {code:<11} {re.sub('`', '', meaning)}" for code, meaning in settings.EXIT_CODES
+    )
+    plain_settings = "\n".join(
+        f"  {s.name.replace('`', '')}  (default {s.default.strip('`')})" for s in settings.SETTINGS
+    )
+    return (
+        f"Run `vllm serve` under a PID-1 supervisor that drains on SIGTERM and never hangs.\n\n"
+        f"Usage:\n{settings.USAGE}\n\nSettings:\n{plain_settings}\n\n"
+        f"Shutdown timing:\n{settings.SHUTDOWN_FORMULA}\n\nExit codes:\n{plain_exit}"
+    )
+
+
+def render(text: str) -> str:
+    """text with every generated block replaced by its current rendering."""
+
+    def one(m: re.Match) -> str:
+        return f"<!-- generated:{m.group(1)} -->\n{BLOCKS[m.group(1)]()}\n<!-- end:{m.group(1)} -->"
+
+    return re.sub(r"<!-- generated:([\w-]+) -->\n.*?<!-- end:\1 -->", one, text, flags=re.S)
+
+
+def main(argv: list[str]) -> int:
+    root = settings.ROOT
+    stale = []
+    for name in FILES:
+        path = pathlib.Path(root, name)
+        text = path.read_text()
+        new = render(text)
+        if new != text:
+            stale.append(name)
+            if "--check" not in argv:
+                path.write_text(new)
+    for name in stale:
+        print(f"{name}: {'out of date' if '--check' in argv else 'rewritten'}")
+    return 1 if stale and "--check" in argv else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,261 @@
+"""The supervisor loop, as tini's main(): spawn, then wait -> forward -> reap -> check deadline.
+
+Signals are blocked and collected synchronously with sigtimedwait: no handler does any work.
+The loop does no HTTP (the observer thread does) and no file I/O but the state file.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import time
+
+from . import settings
+from .observe import Observer
+from .settings import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S, Exit, State, log
+
+STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
+# Not forwarded: SIGCHLD (ours), the job-control stop signals (a stopped vLLM would hold every
+# request), faults raised by our own code, SIGPIPE (raised by our own writes to a closed log
+# pipe) and what cannot be caught at all.
+NOT_FORWARDED = frozenset(
+    {
+        signal.SIGCHLD,
+        signal.SIGTSTP,
+        signal.SIGTTIN,
+        signal.SIGTTOU,
+        signal.SIGKILL,
+        signal.SIGSTOP,
+        signal.SIGSEGV,
+        signal.SIGBUS,
+        signal.SIGILL,
+        signal.SIGFPE,
+        signal.SIGABRT,
+        signal.SIGTRAP,
+        signal.SIGSYS,
+        signal.SIGPIPE,
+    }
+)
+FORWARDED = frozenset(signal.valid_signals()) - NOT_FORWARDED - STOPPING
+WATCHED = FORWARDED | STOPPING | {signal.SIGCHLD}
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def prctl(option: int, arg: int) -> None:
+    ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    # If the supervisor itself is SIGKILLed (outside a container nothing else would stop vLLM),
+    # the API server follows; its engine and workers watch their parent.
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Supervisor:
+    def __init__(self, cfg: settings.ServeConfig, state_path: pathlib.Path):
+        self.argv, self.port, self.drain = cfg.argv, cfg.port, cfg.drain
+        self.state_path = state_path
+        self.state = State.STARTING
+        self.child: subprocess.Popen | None = None
+        self.returncode: int | None = None
+        self.started = time.monotonic()
+        self.stop_requested_at: float | None = None
+        self.escalate_at: float | None = None
+        self.kill_at: float | None = None
+        self.escalated = False
+        self.observer = Observer(self.port)
+
+    # -- set up ---------------------------------------------------------------------------
+    @staticmethod
+    def block_signals() -> None:
+        """Before any thread starts: every thread inherits the mask, so only sigtimedwait in
+        the loop ever sees these signals."""
+        try:  # as PID 1 (or anywhere): orphans of vLLM are re-parented to us, so we reap them
+            prctl(PR_SET_CHILD_SUBREAPER, 1)
+        except (OSError, AttributeError):
+            pass
+        signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+
+    def write_state(self) -> None:
+        data = {
+            "state": self.state.value,
+            "pid": os.getpid(),
+            "port": self.port,
+            "child": self.child.pid if self.child else None,
+            "drain": self.drain,
+        }
+        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(data))
+            tmp.replace(self.state_path)
+        except OSError as e:
+            log(f"cannot write state file {self.state_path}: {e}")
+
+    def set_state(self, state: State, why: str) -> None:
+        self.state = state
+        self.write_state()
+        log(f"state {state.value}: {why}")
+
+    # -- spawn ----------------------------------------------------------------------------
+    def spawn(self, env: dict[str, str]) -> int | None:
+        try:
+            self.child = subprocess.Popen(
+                self.argv, env=env, start_new_session=True, preexec_fn=_child_setup
+            )
+        except OSError as e:
+            log(f"cannot execute {self.argv[0]}: {e}")
+            return Exit.CANNOT_EXEC
+        self.set_state(
+            State.STARTING,
+            f"vllm serve pid {self.child.pid}, port {self.port}, drain {self.drain} s, "
+            f"deadline {settings.deadline(self.drain)} s after SIGTERM",
+        )
+        self.observer.start()
+        return None
+
+    # -- the loop: wait -> forward -> reap -> deadline ------------------------------------
+    def run(self) -> int:
+        while self.returncode is None:
+            info = signal.sigtimedwait(WATCHED, TICK_S)  # wait
+            if info is not None:
+                self.on_signal(info.si_signo)  # forward
+            self.reap()
+            self.check_deadline()
+            self.check_ready()
+        return self.finish()
+
+    def on_signal(self, sig: int) -> None:
+        if sig == signal.SIGCHLD:
+            return
+        if sig not in STOPPING:
+            self.signal_child(sig)
+        elif self.stop_requested_at is None:
+            self.begin_drain(sig)
+        elif not self.escalated:
+            log(f"second {signal.Signals(sig).name}: stopping now")
+            self.escalate(time.monotonic())
+
+    def begin_drain(self, sig: int) -> None:
+        now = time.monotonic()
+        # First: only the API server, which orders the engine's drain (signalling the group
+        # would cut it). Everything else (state file, log, counting requests) comes after.
+        self.signal_child(signal.SIGTERM)
+        self.stop_requested_at = now
+        self.kill_at = now + settings.deadline(self.drain)
+        self.escalate_at = self.kill_at - KILL_GRACE_S
+        self.observer.begin_drain(serving=self.state == State.SERVING)
+        self.set_state(
+            State.DRAINING,
+            f"{signal.Signals(sig).name} received, forwarded to vLLM; drain window "
+            f"{self.drain} s, hard deadline {settings.deadline(self.drain)} s",
+        )
+
+    def escalate(self, now: float) -> None:
+        self.escalated = True
+        self.kill_at = min(self.kill_at or now + KILL_GRACE_S, now + KILL_GRACE_S)
+        self.signal_group(signal.SIGTERM)
+        self.set_state(
+            State.KILLING,
+            f"SIGTERM to process group, SIGKILL in {max(self.kill_at - now, 0):.0f} s",
+        )
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if self.child and pid == self.child.pid:
+                self.returncode = self.child.returncode = os.waitstatus_to_exitcode(status)
+
+    def check_deadline(self) -> None:
+        now = time.monotonic()
+        if self.escalate_at is not None and now >= self.escalate_at and not self.escalated:
+            log(
+                f"deadline: vLLM did not exit {self.escalate_at - self.stop_requested_at:.0f} s "
+                "after SIGTERM"
+            )
+            self.escalate(now)
+        if self.kill_at is not None and self.escalated and now >= self.kill_at:
+            self.signal_group(signal.SIGKILL)
+            self.kill_at = None
+
+    def check_ready(self) -> None:
+        if self.state == State.STARTING and self.observer.ready.is_set():
+            self.set_state(State.SERVING, f"ready after {time.monotonic() - self.started:.1f} s")
+
+    # -- exit -----------------------------------------------------------------------------
+    def signal_child(self, sig: int) -> None:
+        if self.child and self.returncode is None:
+            try:
+                os.kill(self.child.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def signal_group(self, sig: int) -> None:
+        if self.child:
+            try:
+                os.killpg(self.child.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def group_alive(self) -> bool:
+        try:
+            os.killpg(self.child.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+
+    def finish(self) -> int:
+        self.observer.stop()
+        code = settings.exit_code(
+            self.returncode,
+            stop_requested=self.stop_requested_at is not None,
+            escalated=self.escalated,
+        )
+        # multiprocessing's resource tracker exits by itself right after the API server (and
+        # unlinks what vLLM leaked); anything still there after ORPHAN_GRACE_S is an orphan.
+        self.wait_group(0 if self.escalated else ORPHAN_GRACE_S)
+        if self.group_alive():
+            log("vLLM's API server is gone but its engine or workers are not: killing the group")
+            self.signal_group(signal.SIGKILL)
+            self.wait_group(5)
+        reap_all()
+        log(self.summary(code))
+        return code
+
+    def wait_group(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while self.group_alive() and time.monotonic() < end:
+            reap_all()
+            time.sleep(0.05)
+
+    def summary(self, code: int) -> str:
+        rc = self.returncode
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with {rc}"
+        if self.stop_requested_at is None:
+            return f"exit {code}: vLLM {how} without a stop request"
+        took = time.monotonic() - self.stop_requested_at
+        return (
+            f"exit {code}: vLLM {how} {took:.1f} s after the stop request" + self.observer.summary()
+        )
+
+
+def reap_all() -> None:
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0] > 0:
+            pass
+    except ChildProcessError:
+        pass

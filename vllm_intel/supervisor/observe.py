@@ -1,0 +1,109 @@
+"""Observation of vLLM over HTTP (/health, /metrics), in a thread of its own.
+
+The loop only reads what this thread last saw: a slow or hung vLLM HTTP server can never delay
+a signal or the deadline.
+"""
+
+from __future__ import annotations
+
+import threading
+import urllib.error
+import urllib.request
+
+from .settings import HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S, TICK_S
+
+
+def http_get(port: int, path: str, timeout: float) -> tuple[int, str]:
+    """(status, body) of GET http://127.0.0.1:port/path; (0, error) if it cannot connect."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+            return r.status, r.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except (OSError, ValueError) as e:
+        return 0, str(e)
+
+
+def healthy(port: int, timeout: float = HEALTH_TIMEOUT_S) -> bool:
+    return http_get(port, "/health", timeout)[0] == 200
+
+
+def parse_counts(text: str) -> dict[str, float]:
+    """Requests running, waiting, finished and aborted, from vLLM's Prometheus exposition."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    counts = {"running": 0.0, "waiting": 0.0, "finished": 0.0, "aborted": 0.0}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "vllm:num_requests_running":
+                counts["running"] += sample.value
+            elif sample.name == "vllm:num_requests_waiting":
+                counts["waiting"] += sample.value
+            elif sample.name == "vllm:request_success_total":
+                key = "aborted" if sample.labels.get("finished_reason") == "abort" else "finished"
+                counts[key] += sample.value
+    return counts
+
+
+def request_counts(port: int) -> dict[str, float] | None:
+    """In-flight and finished counts from vLLM's /metrics (None if unreachable or unparsable)."""
+    status, body = http_get(port, "/metrics", METRICS_TIMEOUT_S)
+    if status != 200:
+        return None
+    try:
+        return parse_counts(body)
+    except ValueError:
+        return None
+
+
+class Observer(threading.Thread):
+    """Polls /health until vLLM is ready; from the drain on, polls /metrics for the exit log."""
+
+    def __init__(self, port: int):
+        super().__init__(name="observer", daemon=True)
+        self.port = port
+        self.ready = threading.Event()
+        self.wake = threading.Event()  # the drain began (or the supervisor is done)
+        self.stopped = threading.Event()
+        self.counting = False
+        self.at_drain: dict[str, float] | None = None  # first sample after the drain began
+        self.last: dict[str, float] | None = None
+
+    def run(self) -> None:
+        while not (self.ready.is_set() or self.wake.is_set()):
+            if healthy(self.port):
+                self.ready.set()
+            else:
+                self.wake.wait(TICK_S)
+        self.wake.wait()
+        while self.counting and not self.stopped.is_set():
+            counts = request_counts(self.port)
+            if counts is not None:
+                if self.at_drain is None:
+                    self.at_drain = counts
+                self.last = counts
+            self.stopped.wait(TICK_S)
+
+    def begin_drain(self, serving: bool) -> None:
+        """Stop the health polling; count requests until the end if vLLM was serving."""
+        self.counting = serving
+        self.wake.set()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        self.wake.set()
+
+    def summary(self) -> str:
+        """ "; N in flight at SIGTERM, ..." for the exit line, or "" if never counted."""
+        first, last = self.at_drain, self.last
+        if first is None:
+            return ""
+        inflight = int(first["running"] + first["waiting"])
+        finished = int(last["finished"] - first["finished"])
+        aborted = int(last["aborted"] - first["aborted"])
+        running = int(last["running"] + last["waiting"])
+        return (
+            f"; {inflight} in flight at SIGTERM, {finished} finished, {aborted} aborted"
+            + (f", {running} still running" if running else "")
+            + " (as last seen in /metrics)"
+        )

@@ -1,0 +1,302 @@
+"""Every input and every constant of the supervisor: flags, environment, drain, grace, timings,
+exit codes. The docs (README, docs/CONVENTIONS.md, `entrypoint.py --help`) are rendered from the
+tables here (vllm_intel.supervisor.docs) and a test checks they match.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import pathlib
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+
+# ---------------------------------------------------------------------------------- timing
+
+DEFAULT_DRAIN_S = 30
+XPU_MIN_DRAIN_S = 5
+TEARDOWN_S = 10  # vLLM stops its engine core and workers after the drain
+MARGIN_S = 5  # the orchestrator's slack after our own deadline
+KILL_GRACE_S = 3  # the group gets SIGTERM this long before the SIGKILL
+ORPHAN_GRACE_S = 2  # after the API server exits, before what is left of its group is SIGKILLed
+TICK_S = 0.5  # the loop's wait; also the observer's poll period
+HEALTH_TIMEOUT_S = 2.0  # a loaded host can take over a second to answer /health while starting
+METRICS_TIMEOUT_S = 1.0
+PROBE_TIMEOUT_S = 2.0
+DEFAULT_PORT = 8000
+
+
+def grace_period(drain: int) -> int:
+    """What compose stop_grace_period / Kubernetes terminationGracePeriodSeconds must allow."""
+    return drain + TEARDOWN_S + MARGIN_S
+
+
+def deadline(drain: int) -> int:
+    """Seconds after the first SIGTERM at which the process group is SIGKILLed."""
+    return drain + TEARDOWN_S
+
+
+PRESTOP_S = 5  # deploy/k8s: the preStop sleep before kubelet's SIGTERM (tests/deploy checks it)
+
+ORCHESTRATOR_FORMULA = f"""\
+grace = DRAIN + TEARDOWN ({TEARDOWN_S} s) + MARGIN ({MARGIN_S} s)          `entrypoint.py grace-period` prints it
+compose stop_grace_period             = grace                        ({grace_period(DEFAULT_DRAIN_S)} s by default)
+Kubernetes terminationGracePeriodSeconds = preStop sleep + grace     ({PRESTOP_S} + {grace_period(DEFAULT_DRAIN_S)} = {PRESTOP_S + grace_period(DEFAULT_DRAIN_S)} s by default)"""
+
+# ---------------------------------------------------------------------------------- exit codes
+
+
+class Exit(enum.IntEnum):
+    CONFIG = 64
+    UNEXPECTED = 70
+    FORCED = 124
+    CANNOT_EXEC = 126
+    NOT_FOUND = 127
+
+
+SHUTDOWN_FORMULA = f"""\
+DRAIN    = INTEL_VLLM_DRAIN_TIMEOUT (or --shutdown-timeout)       default {DEFAULT_DRAIN_S} s
+deadline = DRAIN + TEARDOWN ({TEARDOWN_S} s) after the first SIGTERM: the process group is SIGTERMed {KILL_GRACE_S} s
+           before it and SIGKILLed at it; the entrypoint then exits {Exit.FORCED.value}
+grace    = DRAIN + TEARDOWN + MARGIN ({MARGIN_S} s) = {grace_period(DEFAULT_DRAIN_S)} s by default"""
+
+# (code, meaning): the table every doc shows.
+EXIT_CODES = (
+    ("vLLM's own", "vLLM exited after a stop request: `0` after a clean drain"),
+    ("128+N", "vLLM died of signal N"),
+    (
+        str(Exit.CONFIG.value),
+        "configuration error, nothing started (bad drain value, missing model "
+        "path, unknown subcommand, bad patch name, too long `TMPDIR`)",
+    ),
+    (
+        str(Exit.UNEXPECTED.value),
+        "vLLM exited without being asked to, even with code 0 (e.g. a "
+        "worker or the engine died): orchestrators must restart it",
+    ),
+    (
+        str(Exit.FORCED.value),
+        "forced kill: the deadline (or a second signal) made the entrypoint kill the process group",
+    ),
+    (str(Exit.CANNOT_EXEC.value), "vLLM could not be executed"),
+    (str(Exit.NOT_FOUND.value), "vLLM is not installed for this Python"),
+)
+
+
+def exit_code(returncode: int, *, stop_requested: bool, escalated: bool) -> int:
+    """The entrypoint's exit code for vLLM's returncode (Popen style: -N = killed by signal N)."""
+    if escalated and returncode != 0:
+        return Exit.FORCED
+    if returncode < 0:
+        return 128 - returncode
+    if not stop_requested:
+        return Exit.UNEXPECTED if returncode == 0 else returncode
+    return returncode
+
+
+# ---------------------------------------------------------------------------------- settings
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str
+    meaning: str
+
+
+SETTINGS = (
+    Setting(
+        "INTEL_VLLM_DRAIN_TIMEOUT",
+        f"`{DEFAULT_DRAIN_S}`",
+        "seconds in-flight requests get after SIGTERM; passed as `--shutdown-timeout` unless "
+        "you pass that flag yourself (then your value is the drain). On XPU never below "
+        f"{XPU_MIN_DRAIN_S} (logged when raised).",
+    ),
+    Setting(
+        "INTEL_VLLM_MODEL",
+        "built-in tiny model",
+        "what `entrypoint.py` / `entrypoint.py serve` serve with no model argument",
+    ),
+    Setting("INTEL_VLLM_DEVICE", "`cpu`", "`cpu` or `xpu` (the XPU image sets it)"),
+    Setting(
+        "INTEL_VLLM_STATE_FILE",
+        "`$TMPDIR/vllm-intel-<port>.state.json`",
+        "where the supervisor publishes its state for `probe`",
+    ),
+    Setting(
+        "INTEL_VLLM_PORT",
+        f"`{DEFAULT_PORT}`",
+        "the port `probe` checks when it is given no `--port`",
+    ),
+    Setting(
+        "INTEL_VLLM_PROBE_PORT",
+        "unset (off); `8001` in the images",
+        "the supervisor answers `GET /ready` and `GET /live` (200 or 503) on this port: "
+        "Kubernetes httpGet probes, and `probe ready|live` without `--port` asks it",
+    ),
+    Setting("INTEL_VLLM_SHM_DIR", "`/dev/shm`", "where vLLM's shared memory leftovers are swept"),
+    Setting(
+        "INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
+        "all, none, off",
+        "patch allow list, deny list, strict mode (see docs/patches.md)",
+    ),
+)
+
+USAGE = """\
+entrypoint.py                          serve the built-in model ($INTEL_VLLM_MODEL)
+entrypoint.py serve [MODEL] [FLAGS]    vllm serve MODEL FLAGS (flags passed through untouched)
+entrypoint.py patches                  patch table: name, state, reason
+entrypoint.py probe ready|live [--port N]   exit 0/1 (compose healthcheck, exec probes)
+entrypoint.py grace-period             the orchestrator grace period for the current settings"""
+
+
+class ConfigError(Exception):
+    """Bad input: reported as one line, exit 64, nothing started."""
+
+
+class State(enum.Enum):
+    STARTING = "STARTING"
+    SERVING = "SERVING"
+    DRAINING = "DRAINING"
+    KILLING = "KILLING"
+
+
+def log(msg: str) -> None:
+    print(f"[entrypoint] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------- parsing
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILTIN_MODELS = (
+    pathlib.Path("/opt/vllm-intel/models/tiny-llama"),  # inside the images
+    ROOT / "build" / "tiny-llama",  # a checkout after `make setup`
+)
+RUN_DIR_PREFIX = "vllm-intel-run-"
+# vLLM binds ZeroMQ ipc sockets named by a uuid in the run dir; a unix socket path has 107 bytes.
+MAX_TMPDIR_LEN = 107 - len(RUN_DIR_PREFIX) - 8 - 2 - 36
+
+
+def device(env=os.environ) -> str:
+    dev = env.get("INTEL_VLLM_DEVICE") or env.get("VLLM_TARGET_DEVICE") or "cpu"
+    if dev not in ("cpu", "xpu"):
+        raise ConfigError(f"INTEL_VLLM_DEVICE must be cpu or xpu, not {dev!r}")
+    return dev
+
+
+def parse_seconds(name: str, value: str | None) -> int:
+    if not re.fullmatch(r"\s*\d+\s*", value or ""):
+        raise ConfigError(f"{name} must be a whole number of seconds >= 0, not {value!r}")
+    return int(value)
+
+
+def flag_value(flags: list[str], name: str) -> str | None:
+    """Value of `--name V` or `--name=V` in vLLM flags (last one wins, as argparse does)."""
+    found = None
+    for i, arg in enumerate(flags):
+        if arg == name:
+            if i + 1 >= len(flags):
+                raise ConfigError(f"{name} needs a value")
+            found = flags[i + 1]
+        elif arg.startswith(name + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
+def drain_seconds(flags: list[str] | None = None, env=os.environ) -> tuple[int, list[str]]:
+    """DRAIN and the notes explaining how it was chosen."""
+    notes = []
+    user = flag_value(flags or [], "--shutdown-timeout")
+    if user is not None:
+        drain = parse_seconds("--shutdown-timeout", user)
+    else:
+        drain = parse_seconds(
+            "INTEL_VLLM_DRAIN_TIMEOUT", env.get("INTEL_VLLM_DRAIN_TIMEOUT", str(DEFAULT_DRAIN_S))
+        )
+    if device(env) == "xpu" and drain < XPU_MIN_DRAIN_S:
+        notes.append(
+            f"drain raised from {drain} s to {XPU_MIN_DRAIN_S} s: XPU workers need it "
+            "to release Level Zero / oneCCL resources"
+        )
+        drain = XPU_MIN_DRAIN_S
+    return drain, notes
+
+
+def state_file(port: int, env=os.environ) -> pathlib.Path:
+    explicit = env.get("INTEL_VLLM_STATE_FILE")
+    if explicit:
+        return pathlib.Path(explicit)
+    return pathlib.Path(tempfile.gettempdir()) / f"vllm-intel-{port}.state.json"
+
+
+def probe_port(env=os.environ) -> int | None:
+    value = env.get("INTEL_VLLM_PROBE_PORT")
+    return parse_seconds("INTEL_VLLM_PROBE_PORT", value) if value else None
+
+
+def shm_dir(env=os.environ) -> pathlib.Path:
+    return pathlib.Path(env.get("INTEL_VLLM_SHM_DIR", "/dev/shm"))
+
+
+def looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~"))
+
+
+@dataclass
+class ServeConfig:
+    argv: list[str]
+    port: int
+    drain: int
+    notes: list[str]
+
+
+def serve_config(args: list[str], env=os.environ) -> ServeConfig:
+    """`vllm serve` argv, port and drain for `entrypoint.py serve ARGS`. Raises ConfigError."""
+    flags = list(args)
+    if flags and not flags[0].startswith("-"):
+        model = flags.pop(0)
+    elif flag_value(flags, "--model") is not None:
+        model = None  # the user named it with --model
+    else:
+        model = env.get("INTEL_VLLM_MODEL") or next(
+            (str(p) for p in BUILTIN_MODELS if (p / "config.json").exists()), None
+        )
+        if model is None:
+            raise ConfigError(
+                "no model given and the built-in model is missing "
+                "(set INTEL_VLLM_MODEL, pass a model, or run `make setup`)"
+            )
+    for name in filter(None, [model, flag_value(flags, "--model")]):
+        if looks_like_path(name) and not pathlib.Path(name).expanduser().exists():
+            raise ConfigError(f"model path {name} does not exist")
+    port_s = flag_value(flags, "--port")
+    port = parse_seconds("--port", port_s) if port_s is not None else DEFAULT_PORT
+    drain, notes = drain_seconds(flags, env)
+    if flag_value(flags, "--shutdown-timeout") is None or notes:
+        flags = [
+            f
+            for i, f in enumerate(flags)
+            if not (
+                f.startswith("--shutdown-timeout") or (i and flags[i - 1] == "--shutdown-timeout")
+            )
+        ]
+        flags += ["--shutdown-timeout", str(drain)]
+    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    return ServeConfig(argv + ([model] if model else []) + flags, port, drain, notes)
+
+
+def check_tmpdir() -> None:
+    tmp = tempfile.gettempdir()
+    if len(tmp) > MAX_TMPDIR_LEN:
+        raise ConfigError(
+            f"TMPDIR {tmp} is longer than {MAX_TMPDIR_LEN} characters: vLLM's IPC "
+            "socket paths inside it would not fit a unix socket address"
+        )
+
+
+def inductor_cache(env=os.environ) -> pathlib.Path:
+    """TORCHINDUCTOR_CACHE_DIR for vLLM: compiled kernels kept across runs, outside the run dir."""
+    cache = pathlib.Path(env.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+    return cache / "vllm-intel" / "torchinductor"
