@@ -132,7 +132,9 @@ def test_unrequested_exit_is_reported(run, exit_code, expected):
 
 
 def test_probes_follow_the_state(run):
-    r = run({"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "2"})
+    # The drain outlasts two probe processes on a loaded host: SIGTERM reaches vLLM before the
+    # state file says DRAINING, so vLLM's drain clock runs from before the checks below.
+    r = run({"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "5"})
     r.wait_for(lambda: r.state() == "STARTING")
     assert r.probe("ready") == 1  # not ready before /health answers
     assert r.probe("live") == 0  # loading is alive
@@ -333,7 +335,7 @@ def test_http_probes_follow_the_state(run):
             return 0
 
     r = run(
-        {"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "2", "INTEL_VLLM_PROBE_PORT": str(probe_port)}
+        {"FAKE_READY_AFTER": "1.5", "FAKE_DRAIN": "5", "INTEL_VLLM_PROBE_PORT": str(probe_port)}
     )
     r.wait_for(lambda: r.state() == "STARTING" and status("live") != 0)
     assert status("ready") == 503 and status("live") == 200
