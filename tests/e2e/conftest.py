@@ -20,16 +20,25 @@ def serve(tmp_path, tiny_model):
     """Start `entrypoint.py serve TINY [flags]` with its own TMPDIR and state file."""
     servers = []
 
-    def start(*flags: str, drain: int = 30, wait: bool = True) -> Server:
+    def start(
+        *flags: str,
+        drain: int = 30,
+        wait: bool = True,
+        prefix: tuple[str, ...] = (),
+        tmp: pathlib.Path | None = None,
+    ) -> Server:
+        """prefix: a command the supervisor runs under (e.g. unshare); tmp: a TMPDIR to share."""
         port = free_port()
-        tmp = pathlib.Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))  # short: IPC socket paths
+        # short: IPC socket paths
+        tmp = tmp or pathlib.Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))
         env = {
             "TMPDIR": str(tmp),
             "INTEL_VLLM_DRAIN_TIMEOUT": str(drain),
-            "INTEL_VLLM_STATE_FILE": str(tmp / "state.json"),
+            "INTEL_VLLM_STATE_FILE": str(tmp / f"state-{port}.json"),
         }
         s = Server(
             [
+                *prefix,
                 sys.executable,
                 str(ROOT / "entrypoint.py"),
                 "serve",

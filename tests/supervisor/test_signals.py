@@ -149,24 +149,31 @@ def test_probes_follow_the_state(run):
 
 
 def test_nothing_is_left_behind_and_stale_leftovers_are_removed(run, tmp_path):
+    from vllm_intel.supervisor import janitor
+
     shm = tmp_path / "shm"
     shm.mkdir(exist_ok=True)
-    (shm / "psm_deadbeef").write_bytes(b"x")  # a crashed run's segment, held by nobody
+    (shm / "psm_deadbeef").write_bytes(b"x")  # a crashed run's segment, in its claim
+    (shm / "psm_0abc").write_bytes(b"x")  # a segment no run claims (another server's?)
     (shm / "unrelated").write_bytes(b"x")  # not vLLM's: never touched
     stale_run = tmp_path / "vllm-intel-run-old"
     stale_run.mkdir()
-    # its pid is alive again (as PID 1 is in a restarted container) but that is another process
-    (stale_run / "supervisor.pid").write_text(f"{os.getpid()} 1")
-    r = run()
+    # The crashed run: its claim and its run directory's lock exist, nobody holds them.
+    os.close(janitor.create_locked(stale_run / janitor.LOCK_FILE))
+    crashed = janitor.Claim(shm, stale_run)
+    crashed.add({"psm_deadbeef"})
+    os.close(crashed.fd)
+    r = run({"FAKE_SHM": "psm_c0ffee"})  # created and mapped by "this server" during the run
     r.wait_for(lambda: r.state() == "SERVING")
     run_dirs = list(tmp_path.glob("vllm-intel-run-*"))
     assert len(run_dirs) == 1 and run_dirs[0].name != "vllm-intel-run-old"
-    (shm / "psm_c0ffee").write_bytes(b"x")  # created by "this server" during the run
+    r.wait_for(lambda: "psm_c0ffee" in (shm / next(shm.glob("*.claim")).name).read_text())
     r.signal(signal.SIGTERM)
     code, out, _ = r.finish()
     assert code == 0
-    assert "stale leftover" in out
-    assert sorted(p.name for p in shm.iterdir()) == ["unrelated"]
+    assert "stale leftover" in out and str(shm / "psm_deadbeef") in out
+    assert "left alone 1" in out and str(shm / "psm_0abc") in out
+    assert sorted(p.name for p in shm.iterdir()) == ["psm_0abc", "unrelated"]
     assert not list(tmp_path.glob("vllm-intel-run-*"))
     assert not (tmp_path / "state.json").exists()
 

@@ -154,53 +154,9 @@ def test_observer_summary_is_relative_to_the_drain():
 # ---------------------------------------------------------------------------------- janitor
 
 
-def _shm(tmp_path):
-    shm = tmp_path / "shm"
-    shm.mkdir()
-    for name in ("psm_0a1b", "sem.mp-x1y2", "wnsm_7", "psm_live", "unrelated"):
-        (shm / name).write_bytes(b"x")
-    return shm
-
-
 def _inode(path):
     st = os.stat(path)
     return (st.st_dev, st.st_ino)
-
-
-def test_sweep_keeps_what_a_process_maps_and_what_is_not_vllms(tmp_path):
-    shm = _shm(tmp_path)
-    used = {_inode(shm / "psm_live")}
-    found = janitor.stale(shm, tmp_path, in_use=lambda: used, identity=lambda pid: "")
-    assert sorted(p.name for p in found) == ["psm_0a1b", "sem.mp-x1y2", "wnsm_7"]
-
-
-def test_sweep_at_exit_only_looks_at_this_runs_segments(tmp_path):
-    shm = _shm(tmp_path)
-    (tmp_path / f"{settings.RUN_DIR_PREFIX}other").mkdir()
-    found = janitor.stale(shm, tmp_path, only={"psm_0a1b"}, in_use=set, identity=lambda pid: "")
-    assert [p.name for p in found] == ["psm_0a1b"]  # and no run directory
-
-
-def test_run_dirs_of_live_supervisors_stay_even_when_the_pid_is_reused(tmp_path):
-    table = {41: "41 1000.00", 42: "42 2000.00"}  # pid -> identity now
-
-    def identity(pid):
-        if pid not in table:
-            raise ProcessLookupError(pid)
-        return table[pid]
-
-    for name, recorded in (
-        ("alive", "41 1000.00"),
-        ("reused", "42 1500.00"),
-        ("dead", "43 10.00"),
-        ("unreadable", None),
-    ):
-        d = tmp_path / f"{settings.RUN_DIR_PREFIX}{name}"
-        d.mkdir()
-        if recorded:
-            (d / janitor.PID_FILE).write_text(recorded)
-    found = janitor.stale(tmp_path / "none", tmp_path, in_use=set, identity=identity)
-    assert sorted(p.name.rsplit("-", 1)[1] for p in found) == ["dead", "reused", "unreadable"]
 
 
 def test_files_in_use_sees_this_process_mapping_a_file(tmp_path):
@@ -211,13 +167,6 @@ def test_files_in_use_sees_this_process_mapping_a_file(tmp_path):
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096):
         assert _inode(path) in janitor.files_in_use()
     assert _inode(path) not in janitor.files_in_use()
-
-
-def test_identity_tells_a_process_from_a_reused_pid():
-    me = janitor.process_identity(os.getpid())
-    assert me.split()[0] == str(os.getpid())
-    assert me == janitor.process_identity(os.getpid())
-    assert janitor.process_identity(1) != me
 
 
 # ---------------------------------------------------------------------------------- probes

@@ -38,15 +38,18 @@ def serve(args: list[str]) -> int:
 
     tmp = pathlib.Path(tempfile.gettempdir())
     sup = Supervisor(cfg, settings.state_file(cfg.port))
-    with janitor.run_dir(tmp, settings.shm_dir(), sup.state_path) as run_dir:
+    with janitor.run_dir(tmp, settings.shm_dir(), sup.state_path) as run:
         Supervisor.block_signals()
         if probe_port is not None:
             try:
                 probes.serve_http(probe_port, cfg.port, lambda: sup.state)
             except OSError as e:
                 raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
-        failed = sup.spawn(child_env(run_dir))
-        return failed if failed is not None else sup.run()
+        failed = sup.spawn(child_env(run.path))
+        if failed is not None:
+            return failed
+        run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim
+        return sup.run()
 
 
 def patches(args: list[str]) -> int:

@@ -6,6 +6,8 @@ FAKE_READY_AFTER seconds have passed, and behaves on SIGTERM as FAKE_ON_TERM say
   ignore      keep running (the supervisor must escalate)
   die:SIG     kill itself with signal SIG
 FAKE_ORPHAN=1 starts a grandchild in the same process group that outlives us and ignores SIGTERM.
+FAKE_SHM=NAME creates NAME in INTEL_VLLM_SHM_DIR and keeps it mapped, as vLLM does its psm_*
+segments (and leaves it behind, as a killed vLLM does).
 FAKE_ZOMBIE=PATH leaves an orphan (its pid written to PATH) that exits after 1.5 s: re-parented to
 the supervisor, which must reap it. FAKE_EXIT_AFTER=S,N exits by itself with code N after S seconds (an "engine death").
 GET /metrics answers FAKE_RUNNING requests running (default 0) in Prometheus text; FAKE_METRICS=hang
@@ -27,6 +29,13 @@ print("fake vllm argv:", " ".join(args), flush=True)
 start = time.monotonic()
 ready_after = float(os.environ.get("FAKE_READY_AFTER", "0"))
 terms = []
+
+if os.environ.get("FAKE_SHM"):
+    import mmap
+
+    segment = open(os.path.join(os.environ["INTEL_VLLM_SHM_DIR"], os.environ["FAKE_SHM"]), "w+b")
+    segment.truncate(4096)
+    mapped = mmap.mmap(segment.fileno(), 4096)
 
 if os.environ.get("FAKE_ZOMBIE"):
     subprocess.Popen(
