@@ -125,29 +125,9 @@ def test_entrypoint_patches_prints_the_expected_states():
 
 def _serve(tmp: pathlib.Path, port: int, bare: bool, env: dict) -> Server:
     model = os.environ.get("XPU_TEST_MODEL", os.environ["INTEL_VLLM_MODEL"])
-    if bare:  # vLLM alone, upstream's default shutdown (timeout 0)
-        argv = [
-            sys.executable,
-            "-m",
-            "vllm.entrypoints.cli.main",
-            "serve",
-            model,
-            "--port",
-            str(port),
-            "--max-model-len",
-            "1024",
-        ]
-    else:
-        argv = [
-            sys.executable,
-            str(ROOT / "entrypoint.py"),
-            "serve",
-            model,
-            "--port",
-            str(port),
-            "--max-model-len",
-            "1024",
-        ]
+    # bare: vLLM alone, upstream's default shutdown (timeout 0); else under our entrypoint
+    head = ["-m", "vllm.entrypoints.cli.main"] if bare else [str(ROOT / "entrypoint.py")]
+    argv = [sys.executable, *head, "serve", model, "--port", str(port), "--max-model-len", "1024"]
     return Server(argv, port, tmp / f"serve-{port}.log", env=dict(env, TMPDIR=str(tmp)))
 
 

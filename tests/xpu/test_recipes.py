@@ -13,6 +13,7 @@ on agreeing with upstream vLLM's recipe. For every release in the table:
 
 from __future__ import annotations
 
+import functools
 import os
 import pathlib
 import re
@@ -30,6 +31,7 @@ from . import upstream
 sys.path.insert(0, str(ROOT / "scripts"))
 import xpu_recipe  # noqa: E402
 
+CAPTURE = {"capture_output": True, "text": True, "timeout": 900}
 TABLE = xpu_recipe.load()
 VERSIONS = xpu_recipe.versions(TABLE)
 # Compared field by field (the remaining fields are ours: sdist_sha256, skipped_debs, umd is
@@ -53,25 +55,14 @@ SAME = (
 )
 
 
-@pytest.fixture(scope="module")
-def sdist():
-    paths = {}
-
-    def get(version: str) -> str:
-        if version not in paths:
-            # This venv has torch and vLLM's build requirements, which pip needs for the sdist.
-            out = subprocess.run(
-                ["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), version],
-                check=True,
-                capture_output=True,
-                text=True,
-                timeout=900,
-                env=dict(os.environ, SDIST_PYTHON=sys.executable),
-            )
-            paths[version] = out.stdout.strip().splitlines()[-1]
-        return paths[version]
-
-    return get
+@functools.cache
+def sdist(version: str) -> str:
+    """Path of the release's sdist (cached; pip checks its hash). This venv has torch and vLLM's
+    build requirements, which pip needs to read the sdist's metadata."""
+    script = ROOT / "scripts" / "vllm-sdist.sh"
+    env = dict(os.environ, SDIST_PYTHON=sys.executable)
+    out = subprocess.run(["bash", str(script), version], check=True, env=env, **CAPTURE)
+    return out.stdout.strip().splitlines()[-1]
 
 
 def drift(version: str, table: dict, sdist_path: str) -> list[str]:
@@ -95,12 +86,12 @@ def drift(version: str, table: dict, sdist_path: str) -> list[str]:
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-def test_table_matches_upstream_sdist(version, sdist):
+def test_table_matches_upstream_sdist(version):
     bad = drift(version, TABLE, sdist(version))
     assert not bad, "docker/xpu-releases.toml disagrees with upstream:\n" + "\n".join(bad)
 
 
-def test_a_wrong_entry_is_caught_with_the_upstream_line(sdist):
+def test_a_wrong_entry_is_caught_with_the_upstream_line():
     """The drift check itself can fail: a wrong torch pin is reported with upstream's line."""
     version = TABLE["default"]
     wrong = {"default": version, "release": {version: dict(TABLE["release"][version])}}
@@ -116,7 +107,7 @@ def test_a_wrong_entry_is_caught_with_the_upstream_line(sdist):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", VERSIONS)
-def test_xpu_wheel_builds_from_sdist_and_pins_the_tables_torch(version, sdist, tmp_path):
+def test_xpu_wheel_builds_from_sdist_and_pins_the_tables_torch(version, tmp_path):
     rel = TABLE["release"][version]
     venv_bin = pathlib.Path(sys.executable).parent  # cmake/ninja of requirements-test.txt
     env = dict(
