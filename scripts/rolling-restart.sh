@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Restart the replicas of compose.replicas.yaml one at a time, the way an orchestrator replaces
+# pods (docs/deploy.md, "Replicas behind a load balancer"): for each replica
+#   1. wait until every other replica is healthy and UP in HAProxy (never two down at once),
+#   2. `docker stop -t GRACE` it: SIGTERM starts entrypoint.py's drain (in-flight requests finish,
+#      new ones get 503, which HAProxy replays on another replica); GRACE is what
+#      `entrypoint.py grace-period` prints inside that container,
+#   3. `docker start` it and wait until it is healthy and HAProxy has it UP again.
+# Prints each step with its timing; exit 1 if a replica does not come back in READY_TIMEOUT.
+#
+#   scripts/rolling-restart.sh [compose options...]      (= make rolling-restart)
+#     e.g. --env-file .env, or -f another-override.yaml (layered after compose.replicas.yaml)
+# Environment: COMPOSE_PROJECT_NAME etc. as for compose; READY_TIMEOUT (default 600 s);
+# DOCKER_HOST (default: the engine scripts/docker-engine.sh status finds).
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+docker=${DOCKER:-/usr/bin/docker}
+ready_timeout=${READY_TIMEOUT:-600}
+opts=("$@")
+if [ -z "${DOCKER_HOST:-}" ] && h=$("$here/scripts/docker-engine.sh" status 2>/dev/null); then
+  export DOCKER_HOST=$h
+fi
+
+compose() { "$here/scripts/compose.sh" -f "$here/compose.replicas.yaml" "${opts[@]}" "$@"; }
+now() { echo "${EPOCHREALTIME/./}"; }                       # microseconds
+secs() { printf '%d.%d' $(( ($2 - $1) / 1000000 )) $(( ($2 - $1) % 1000000 / 100000 )); }
+say() { printf '[rolling-restart %s] %s\n' "$(date -u +%H:%M:%S)" "$*"; }
+
+lb=$(compose ps -q lb)
+mapfile -t replicas < <(compose ps -q vllm-cpu)
+[ -n "$lb" ] || { echo "rolling-restart: no running lb service (make up-replicas)" >&2; exit 1; }
+[ ${#replicas[@]} -gt 0 ] || { echo "rolling-restart: no vllm-cpu replica" >&2; exit 1; }
+
+name() { "$docker" inspect -f '{{.Name}}' "$1" | tr -d /; }
+ip() { "$docker" inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$1" | awk '{print $1}'; }
+health() { "$docker" inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$1"; }
+
+# HAProxy's view of the replica at IP: its status column in /stats;csv (UP, DOWN, MAINT...), read
+# inside the LB container (the stats port is not published).
+lb_status() {
+  local addr=$1
+  "$docker" exec "$lb" bash -c \
+    'exec 3<>/dev/tcp/127.0.0.1/8404 && printf "GET /stats;csv HTTP/1.0\r\n\r\n" >&3 && cat <&3' |
+    awk -F, -v addr="$addr:8000" '
+      /^# pxname/ { for (i = 1; i <= NF; i++) { h = $i; sub(/^# /, "", h); col[h] = i }; next }
+      col["addr"] && $1 == "vllm" && $col["addr"] == addr { print $col["status"]; found = 1 }
+      END { if (!found) print "absent" }' | head -n1
+}
+
+healthy() { [ "$(health "$1")" = healthy ]; }
+
+ready() {  # healthy for Docker and UP in HAProxy
+  local c=$1 a
+  healthy "$c" || return 1
+  a=$(ip "$c"); [ -n "$a" ] || return 1
+  [ "$(lb_status "$a")" = UP ]
+}
+
+wait_for() {  # wait_for DESCRIPTION COMMAND...: poll until COMMAND succeeds or READY_TIMEOUT
+  local what=$1 start; shift
+  start=$(now)
+  until "$@"; do
+    if [ $(( ($(now) - start) / 1000000 )) -ge "$ready_timeout" ]; then
+      say "FAILED: $what not reached after ${ready_timeout} s"; return 1
+    fi
+    sleep 0.5
+  done
+}
+
+others_ready() {
+  local c
+  for c in "${replicas[@]}"; do [ "$c" = "$1" ] || ready "$c" || return 1; done
+}
+
+total0=$(now)
+say "${#replicas[@]} replicas: $(for c in "${replicas[@]}"; do printf '%s ' "$(name "$c")"; done)"
+for c in "${replicas[@]}"; do
+  n=$(name "$c")
+  t0=$(now)
+  wait_for "the other replicas ready" others_ready "$c"
+  t1=$(now)
+  grace=$("$docker" exec "$c" /opt/venv/bin/python /opt/vllm-intel/entrypoint.py grace-period)
+  say "$n: others ready after $(secs "$t0" "$t1") s; docker stop -t $grace (drain)"
+  "$docker" stop -t "$grace" "$c" >/dev/null
+  t2=$(now)
+  code=$("$docker" inspect -f '{{.State.ExitCode}}' "$c")
+  say "$n: stopped in $(secs "$t1" "$t2") s, exit $code; docker start"
+  "$docker" start "$c" >/dev/null
+  wait_for "$n healthy" healthy "$c"
+  t3=$(now)
+  wait_for "$n UP in HAProxy" ready "$c"
+  t4=$(now)
+  say "$n: healthy $(secs "$t2" "$t3") s after start, UP in HAProxy $(secs "$t3" "$t4") s later;" \
+      "replaced in $(secs "$t0" "$t4") s"
+done
+say "done: ${#replicas[@]} replicas restarted one at a time in $(secs "$total0" "$(now)") s"
