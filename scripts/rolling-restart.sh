@@ -35,12 +35,11 @@ name() { "$docker" inspect -f '{{.Name}}' "$1" | tr -d /; }
 ip() { "$docker" inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$1" | awk '{print $1}'; }
 health() { "$docker" inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$1"; }
 
-# HAProxy's view of the replica at IP: its status column in /stats;csv (UP, DOWN, MAINT...), read
-# inside the LB container (the stats port is not published).
+# HAProxy's view of the replica at IP: its status column (UP, DOWN, MAINT...) in `show stat` of
+# the runtime CLI, read inside the LB container (haproxy.cfg: 127.0.0.1:8405, not published).
 lb_status() {
   local addr=$1
-  "$docker" exec "$lb" bash -c \
-    'exec 3<>/dev/tcp/127.0.0.1/8404 && printf "GET /stats;csv HTTP/1.0\r\n\r\n" >&3 && cat <&3' |
+  "$docker" exec "$lb" bash -c 'exec 3<>/dev/tcp/127.0.0.1/8405 && echo "show stat" >&3 && cat <&3' |
     awk -F, -v addr="$addr:8000" '
       /^# pxname/ { for (i = 1; i <= NF; i++) { h = $i; sub(/^# /, "", h); col[h] = i }; next }
       col["addr"] && $1 == "vllm" && $col["addr"] == addr { print $col["status"]; found = 1 }
@@ -48,6 +47,7 @@ lb_status() {
 }
 
 healthy() { [ "$(health "$1")" = healthy ]; }
+exited() { [ "$("$docker" inspect -f '{{.State.Running}}' "$1")" = false ]; }
 
 ready() {  # healthy for Docker and UP in HAProxy
   local c=$1 a
@@ -81,7 +81,10 @@ for c in "${replicas[@]}"; do
   t1=$(now)
   grace=$("$docker" exec "$c" /opt/venv/bin/python /opt/vllm-intel/entrypoint.py grace-period)
   say "$n: others ready after $(secs "$t0" "$t1") s; docker stop -t $grace (drain)"
-  "$docker" stop -t "$grace" "$c" >/dev/null
+  # On a busy host the engine may report a failed stop while the container is still exiting:
+  # starting it again is only safe once it has exited.
+  "$docker" stop -t "$grace" "$c" >/dev/null || say "$n: docker stop reported an error; waiting for the exit"
+  wait_for "$n exited" exited "$c"
   t2=$(now)
   code=$("$docker" inspect -f '{{.State.ExitCode}}' "$c")
   say "$n: stopped in $(secs "$t1" "$t2") s, exit $code; docker start"

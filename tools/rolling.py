@@ -180,6 +180,11 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
     """Client load on the running deployment for `warm_s` (steady state), a full rolling restart
     during it, `after_s` more, then the counts and latencies of everything the clients sent."""
     model = dep.model()
+    # Warm-up: the first requests on a fresh replica are slow (~20 s on 2 busy cores); the steady
+    # window must measure a warm service, as the restart window does.
+    warm = Load(dep.url, model, **dict(load_kw, shorts=2, streams=4, stream_tokens=64, max_requests=12))
+    time.sleep(5)
+    warm.stop(timeout=120)
     load = Load(dep.url, model, **load_kw)
     time.sleep(warm_s)
     t0 = time.monotonic()
@@ -206,7 +211,7 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
         "failures": [asdict(r) | {"at_s": round(r.start - t0, 1)} for r in failed][:20],
         "during_restart": sum(t0 <= r.start < t1 for r in reqs),
         "in_flight_at_sigterm": in_flight, "lb_replayed": replayed,
-        "latency": {kind: {"steady": latencies(reqs, kind, load.started + 3, t0),
+        "latency": {kind: {"steady": latencies(reqs, kind, load.started, t0),
                            "restart": latencies(reqs, kind, t0, t1)}
                     for kind in ("short", "stream")},
     }
