@@ -1,6 +1,6 @@
 """rolling: a rolling restart of 2 replicas behind HAProxy under client load, what the clients see.
 
-Both arms: compose.yaml + compose.replicas.yaml (2 CPU replicas, `--enforce-eager`, drain 20 s,
+Both arms: compose.yaml + compose.replicas.yaml (2 CPU replicas, `--enforce-eager`, drain 30 s,
 the LB image with deploy/haproxy/haproxy.cfg), the client load of tools/rolling.py (3 threads of
 512-token streams, 2 of 16-token completions, on the LB's 127.0.0.1 port), 15 s of steady state,
 then `scripts/rolling-restart.sh`, then 5 s more.

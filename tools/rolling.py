@@ -30,7 +30,7 @@ BARE_FILE = ROOT / "bench" / "compose.bare-vllm.yaml"
 class Deployment:
     """N replicas of the CPU image behind the LB image, as one compose project."""
 
-    def __init__(self, image: str, lb_image: str, name: str, *, bare: bool = False, drain: int = 20,
+    def __init__(self, image: str, lb_image: str, name: str, *, bare: bool = False, drain: int = 30,
                  replicas: int = 2, lb_config: str | None = None, log_dir=None):
         self.name, self.bare, self.drain = name, bare, drain
         self.port = free_port()
