@@ -2,7 +2,7 @@
 
 Both arms: compose.yaml + compose.replicas.yaml (2 CPU replicas, `--enforce-eager`, drain 30 s,
 the LB image with deploy/haproxy/haproxy.cfg), the client load of tools/rolling.py (3 threads of
-512-token streams, 2 of 16-token completions, on the LB's 127.0.0.1 port), 15 s of steady state,
+256-token streams, 2 of 16-token completions, on the LB's 127.0.0.1 port), 15 s of steady state,
 then `scripts/rolling-restart.sh`, then 5 s more.
 - ours: the image as shipped (entrypoint.py drains on SIGTERM);
 - alternative: bench/compose.bare-vllm.yaml: bare `vllm serve` as PID 1, no patch plugin.
@@ -21,7 +21,7 @@ from tools.rolling import Deployment, rollout, summary
 from .common import ROOT, Row, log, record
 from .dockerutil import IMAGE, engine
 
-LOAD = dict(streams=3, shorts=2, stream_tokens=512, short_tokens=16, max_requests=4000,
+LOAD = dict(streams=3, shorts=2, stream_tokens=256, short_tokens=16, max_requests=4000,
             max_seconds=900)
 
 

@@ -2,20 +2,26 @@
 # Restart the replicas of compose.replicas.yaml one at a time, the way an orchestrator replaces
 # pods (docs/deploy.md, "Replicas behind a load balancer"): for each replica
 #   1. wait until every other replica is healthy and UP in HAProxy (never two down at once),
-#   2. `docker stop -t GRACE` it: SIGTERM starts entrypoint.py's drain (in-flight requests finish,
+#   2. set it to DRAIN in HAProxy (no new requests) and wait LB_DRAIN_SECONDS (5): what removing a
+#      pod from the endpoints plus the preStop sleep do in Kubernetes. Requests HAProxy had just
+#      sent reach vLLM's scheduler before the drain starts (one arriving in the same instant as
+#      SIGTERM could get `finish_reason: abort` or a 500, which no LB may replay),
+#   3. `docker stop -t GRACE` it: SIGTERM starts entrypoint.py's drain (in-flight requests finish,
 #      new ones get 503, which HAProxy replays on another replica); GRACE is what
-#      `entrypoint.py grace-period` prints inside that container,
-#   3. `docker start` it and wait until it is healthy and HAProxy has it UP again.
+#      `entrypoint.py grace-period` prints inside that container; then the DRAIN is lifted,
+#   4. `docker start` it and wait until it is healthy and HAProxy has it UP again.
 # Prints each step with its timing; exit 1 if a replica does not come back in READY_TIMEOUT.
 #
 #   scripts/rolling-restart.sh [compose options...]      (= make rolling-restart)
 #     e.g. --env-file .env, or -f another-override.yaml (layered after compose.replicas.yaml)
 # Environment: COMPOSE_PROJECT_NAME etc. as for compose; READY_TIMEOUT (default 600 s);
+# LB_DRAIN_SECONDS (default 5);
 # DOCKER_HOST (default: the engine scripts/docker-engine.sh status finds).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 docker=${DOCKER:-/usr/bin/docker}
 ready_timeout=${READY_TIMEOUT:-600}
+lb_drain=${LB_DRAIN_SECONDS:-5}
 opts=("$@")
 if [ -z "${DOCKER_HOST:-}" ] && h=$("$here/scripts/docker-engine.sh" status 2>/dev/null); then
   export DOCKER_HOST=$h
@@ -35,16 +41,24 @@ name() { "$docker" inspect -f '{{.Name}}' "$1" | tr -d /; }
 ip() { "$docker" inspect -f '{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}' "$1" | awk '{print $1}'; }
 health() { "$docker" inspect -f '{{if .State.Health}}{{.State.Health.Status}}{{else}}{{.State.Status}}{{end}}' "$1"; }
 
-# HAProxy's view of the replica at IP: its status column (UP, DOWN, MAINT...) in `show stat` of
-# the runtime CLI, read inside the LB container (haproxy.cfg: 127.0.0.1:8405, not published).
-lb_status() {
-  local addr=$1
-  "$docker" exec "$lb" bash -c 'exec 3<>/dev/tcp/127.0.0.1/8405 && echo "show stat" >&3 && cat <&3' |
-    awk -F, -v addr="$addr:8000" '
+# One command of HAProxy's runtime CLI, run inside the LB container (haproxy.cfg: 127.0.0.1:8405,
+# not published).
+lb_cli() {
+  # shellcheck disable=SC2016  # $1 is expanded by the inner bash
+  "$docker" exec "$lb" bash -c 'exec 3<>/dev/tcp/127.0.0.1/8405 && echo "$1" >&3 && cat <&3' _ "$1"
+}
+
+# HAProxy's view of the replica at IP: a column (status: UP, DOWN, MAINT...; svname: its slot) of
+# `show stat`.
+lb_field() {
+  local addr=$1 field=$2
+  lb_cli "show stat" |
+    awk -F, -v addr="$addr:8000" -v field="$field" '
       /^# pxname/ { for (i = 1; i <= NF; i++) { h = $i; sub(/^# /, "", h); col[h] = i }; next }
-      col["addr"] && $1 == "vllm" && $col["addr"] == addr { print $col["status"]; found = 1 }
+      col["addr"] && $1 == "vllm" && $col["addr"] == addr { print $col[field]; found = 1 }
       END { if (!found) print "absent" }' | head -n1
 }
+lb_status() { lb_field "$1" status; }
 
 healthy() { [ "$(health "$1")" = healthy ]; }
 exited() { [ "$("$docker" inspect -f '{{.State.Running}}' "$1")" = false ]; }
@@ -80,11 +94,17 @@ for c in "${replicas[@]}"; do
   wait_for "the other replicas ready" others_ready "$c"
   t1=$(now)
   grace=$("$docker" exec "$c" /opt/venv/bin/python /opt/vllm-intel/entrypoint.py grace-period)
-  say "$n: others ready after $(secs "$t0" "$t1") s; docker stop -t $grace (drain)"
+  slot=$(lb_field "$(ip "$c")" svname)
+  say "$n: others ready after $(secs "$t0" "$t1") s; HAProxy slot $slot set to DRAIN, ${lb_drain} s"
+  lb_cli "set server vllm/$slot state drain" >/dev/null
+  sleep "$lb_drain"
+  say "$n: docker stop -t $grace (drain)"
   # On a busy host the engine may report a failed stop while the container is still exiting:
   # starting it again is only safe once it has exited.
   "$docker" stop -t "$grace" "$c" >/dev/null || say "$n: docker stop reported an error; waiting for the exit"
   wait_for "$n exited" exited "$c"
+  # The slot follows DNS: lift the DRAIN so that whichever replica gets it next receives traffic.
+  lb_cli "set server vllm/$slot state ready" >/dev/null
   t2=$(now)
   code=$("$docker" inspect -f '{{.State.ExitCode}}' "$c")
   say "$n: stopped in $(secs "$t1" "$t2") s, exit $code; docker start"
