@@ -11,7 +11,8 @@ MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
 .PHONY: help setup model run patches test test-fast test-xpu soak lint build-cpu build-xpu up down bench \
-        xpu-env buildkite-local engine-start engine-stop clean
+        xpu-env buildkite-local engine-start engine-stop clean build-lb up-replicas down-replicas \
+        rolling-restart
 
 help: ## List the public targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +57,18 @@ xpu-env: ## Write this host's render group id (INTEL_VLLM_RENDER_GID) into .env 
 
 down: ## docker compose down (drains first; removes containers and networks)
 	@scripts/compose.sh down
+
+build-lb: ## Build the HAProxy load balancer image vllm-intel:lb (docker/Dockerfile.lb)
+	@scripts/build-image.sh lb
+
+up-replicas: ## Compose up INTEL_VLLM_REPLICAS (2) CPU replicas behind HAProxy on :8000, wait until healthy
+	@scripts/compose.sh -f compose.replicas.yaml up -d --wait
+
+rolling-restart: ## Restart the replicas one at a time with the drain, as an orchestrator does (prints timings)
+	@scripts/rolling-restart.sh
+
+down-replicas: ## Compose down the replicas and the load balancer (drains first)
+	@scripts/compose.sh -f compose.replicas.yaml down
 
 engine-start: ## Install (if missing) and start a Docker engine for the tests
 	@scripts/docker-engine.sh start

@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,image]
+"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,image,rolling]
 
 Measures each figure for our variant and its alternative in one run on this machine, alternating
 A/B/A/B so drift hits both alike, prints a Markdown table (min / median / max of the repeats) and
@@ -24,6 +24,7 @@ SECTIONS = (
     "idle",
     "patches",
     "drain",
+    "rolling",
 )  # cheapest first: a partial run keeps the most
 
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Build a vllm-intel image: the one copy of the build command (Makefile, tests, CI, Buildkite).
 #
-#   scripts/build-image.sh cpu|xpu [extra `docker build` args...]
+#   scripts/build-image.sh cpu|xpu|lb [extra `docker build` args...]
+#
+# lb is the load balancer of compose.replicas.yaml (docker/Dockerfile.lb: Debian's HAProxy on the
+# CPU image's base); it does not depend on the vLLM release and is tagged vllm-intel:lb.
 #
 # Environment (all optional):
 #   VLLM_VERSION     vLLM release (default: the VLLM_VERSION file)
@@ -23,7 +26,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 acc=${1:-}; shift || true
-case "$acc" in cpu|xpu) ;; *) echo "usage: $0 cpu|xpu [docker build args...]" >&2; exit 64 ;; esac
+case "$acc" in cpu|xpu|lb) ;; *) echo "usage: $0 cpu|xpu|lb [docker build args...]" >&2; exit 64 ;; esac
 
 docker=${DOCKER:-/usr/bin/docker}   # Debian's 20.10 CLI: it builds with BuildKit (no buildx needed)
 default_version=$(cat "$here/VLLM_VERSION")
@@ -38,13 +41,15 @@ fi
 
 tags=()
 if [ -n "${TAG:-}" ]; then tags=("$TAG")
+elif [ "$acc" = lb ]; then tags=("vllm-intel:lb")
 elif [ "$target" = runtime ]; then
   tags=("vllm-intel:$acc-$version")
   [ "$version" = "$default_version" ] && tags+=("vllm-intel:$acc")
 else tags=("vllm-intel:$acc-$version-$target"); fi
 
-args=(--file "$here/docker/Dockerfile.$acc" --target "$target"
-      --build-arg "VLLM_VERSION=$version")
+args=(--file "$here/docker/Dockerfile.$acc")
+# Dockerfile.lb has a single stage and no vLLM.
+[ "$acc" = lb ] || args+=(--target "$target" --build-arg "VLLM_VERSION=$version")
 for t in "${tags[@]}"; do args+=(--tag "$t"); done
 
 # Label values: the plugin version from pyproject.toml, the commit if this is a git checkout.
@@ -82,10 +87,11 @@ for v in HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy; do
   if [ -n "${!v:-}" ]; then args+=(--build-arg "$v=${!v}"); fi
 done
 
-# No registry here: make the CPU base locally when it is missing (a no-op where it exists).
-if [ "$acc" = cpu ]; then "$here/scripts/base-image.sh" debian:bookworm-slim; fi
+# No registry here: make the CPU (and LB) base locally when it is missing (a no-op where it exists).
+if [ "$acc" = cpu ] || [ "$acc" = lb ]; then "$here/scripts/base-image.sh" debian:bookworm-slim; fi
 
 [ -t 1 ] && [ -z "${CI:-}" ] || args+=(--progress=plain)
+[ "$acc" != lb ] || { target=-; version=-; }
 echo "build-image: $acc target=$target vllm=$version tags=${tags[*]} (DOCKER_HOST=$DOCKER_HOST)" >&2
 start=$(date +%s)
 DOCKER_BUILDKIT=1 "$docker" build "${args[@]}" "$@" "$here"

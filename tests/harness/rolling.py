@@ -1,0 +1,332 @@
+"""Replicas behind the HAProxy LB, under client load, restarted one by one: what a client of the
+service sees. Shared by tests/container/test_rolling_restart.py and bench/rolling.py.
+
+A `Deployment` is one compose project of compose.yaml + compose.replicas.yaml (+ the bare-vLLM
+override for the alternative), driven through the project's scripts (scripts/compose.sh,
+scripts/rolling-restart.sh). `Load` is the client: a few threads sending short completions and long
+streams to the LB on 127.0.0.1 until stopped, bounded in count and time, recording every request.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import statistics
+import subprocess
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import requests
+
+from tests.harness import ROOT, free_port, stream_completion
+
+REPLICAS_FILE = ROOT / "compose.replicas.yaml"
+BARE_FILE = ROOT / "bench" / "compose.bare-vllm.yaml"
+
+
+class Deployment:
+    """N replicas of the CPU image behind the LB image, as one compose project."""
+
+    def __init__(
+        self,
+        image: str,
+        lb_image: str,
+        name: str,
+        *,
+        bare: bool = False,
+        drain: int = 30,
+        replicas: int = 2,
+        lb_config: str | None = None,
+        log_dir=None,
+    ):
+        self.name, self.bare, self.drain = name, bare, drain
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # --enforce-eager: each restart skips torch.compile (a start takes ~40 s instead of ~60 s
+        # on 2 busy cores); the drain does not depend on it (tests/e2e drain both paths).
+        self.env = dict(
+            os.environ,
+            COMPOSE_PROJECT_NAME=name,
+            INTEL_VLLM_CPU_IMAGE=image,
+            INTEL_VLLM_LB_IMAGE=lb_image,
+            INTEL_VLLM_PORT=str(self.port),
+            INTEL_VLLM_REPLICAS=str(replicas),
+            INTEL_VLLM_DRAIN_TIMEOUT=str(drain),
+            INTEL_VLLM_STOP_GRACE_PERIOD=f"{drain + 15}s",
+            INTEL_VLLM_CPU_COMMAND="serve --enforce-eager",
+            INTEL_VLLM_HEALTH_INTERVAL="2s",
+        )
+        if lb_config:
+            self.env["INTEL_VLLM_LB_CONFIG"] = str(lb_config)
+        self.log_dir = log_dir or ROOT / "build" / "rolling"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # An empty env file keeps a developer's .env out (the process env above wins anyway).
+        self.env_file = self.log_dir / f"{name}.env"
+        self.env_file.write_text("")
+        self.options = ["--env-file", str(self.env_file)] + (["-f", str(BARE_FILE)] if bare else [])
+
+    def compose(self, *args: str, timeout: float = 600, check: bool = True):
+        return subprocess.run(
+            [
+                "bash",
+                str(ROOT / "scripts" / "compose.sh"),
+                "-f",
+                str(REPLICAS_FILE),
+                *self.options,
+                *args,
+            ],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=check,
+        )
+
+    def up(self) -> float:
+        t = time.monotonic()
+        r = self.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=960, check=False)
+        if r.returncode != 0:
+            raise RuntimeError(f"compose up failed:\n{r.stderr[-3000:]}\n{self.logs()[-4000:]}")
+        return time.monotonic() - t
+
+    def rolling_restart(self, timeout: float = 1200) -> tuple[int, str, float]:
+        """scripts/rolling-restart.sh on this project: (exit code, its output, seconds)."""
+        t = time.monotonic()
+        r = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "rolling-restart.sh"), *self.options],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return r.returncode, r.stdout + r.stderr, time.monotonic() - t
+
+    def model(self) -> str:
+        return requests.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+
+    def logs(self, *services: str) -> str:
+        return self.compose("logs", "--no-color", *services, check=False, timeout=120).stdout
+
+    def down(self) -> None:
+        (self.log_dir / f"{self.name}.log").write_text(self.logs())
+        self.compose("down", "-v", "--timeout", str(self.drain + 15), check=False, timeout=300)
+        self.env_file.unlink(missing_ok=True)
+
+
+@dataclass
+class Request:
+    kind: str  # "stream" or "short"
+    start: float  # monotonic
+    end: float
+    ok: bool  # a complete answer: every token, and `[DONE]` for a stream
+    detail: str = ""  # why not, when not ok
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+
+class Load:
+    """`streams` threads of long streams and `shorts` threads of short completions, each sending
+    one request after the other to the LB until stop() or `max_requests` / `max_seconds`."""
+
+    def __init__(
+        self,
+        url: str,
+        model: str,
+        *,
+        streams: int = 2,
+        shorts: int = 2,
+        stream_tokens: int = 300,
+        short_tokens: int = 16,
+        max_requests: int = 5000,
+        max_seconds: float = 900,
+        timeout: float = 120,
+    ):
+        self.url, self.model, self.timeout = url, model, timeout
+        self.stream_tokens, self.short_tokens = stream_tokens, short_tokens
+        self.max_requests, self.deadline = max_requests, time.monotonic() + max_seconds
+        self.done: list[Request] = []
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.started = time.monotonic()
+        self.threads = [
+            threading.Thread(target=self._loop, args=(kind,), daemon=True)
+            for kind in ["stream"] * streams + ["short"] * shorts
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self, kind: str) -> None:
+        while not self.stopping.is_set() and time.monotonic() < self.deadline:
+            with self.lock:
+                if len(self.done) >= self.max_requests:
+                    return
+            r = self._stream() if kind == "stream" else self._short()
+            with self.lock:
+                self.done.append(r)
+
+    def _stream(self) -> Request:
+        start = time.monotonic()
+        res = stream_completion(self.url, self.model, self.stream_tokens, timeout=self.timeout)
+        ok = (
+            res.status == 200
+            and res.done
+            and not res.error
+            and res.finish_reason == "length"
+            and res.tokens == self.stream_tokens
+        )
+        detail = (
+            ""
+            if ok
+            else (
+                f"status {res.status}, [DONE] {res.done}, finish {res.finish_reason}, "
+                f"tokens {res.tokens}/{self.stream_tokens}, error {res.error}"
+            )
+        )
+        return Request("stream", start, res.ended, ok, detail)
+
+    def _short(self) -> Request:
+        start = time.monotonic()
+        body = {
+            "model": self.model,
+            "prompt": "def main(",
+            "max_tokens": self.short_tokens,
+            "ignore_eos": True,
+            "temperature": 0.0,
+        }
+        try:
+            r = requests.post(self.url + "/v1/completions", json=body, timeout=self.timeout)
+            if r.status_code != 200:
+                return Request(
+                    "short",
+                    start,
+                    time.monotonic(),
+                    False,
+                    f"status {r.status_code}: {r.text[:200]}",
+                )
+            got = r.json()
+            tokens = got["usage"]["completion_tokens"]
+            ok = tokens == self.short_tokens and got["choices"][0]["finish_reason"] == "length"
+            return Request(
+                "short", start, time.monotonic(), ok, "" if ok else f"tokens {tokens}: {got}"[:300]
+            )
+        except (requests.RequestException, ValueError, KeyError) as e:
+            return Request(
+                "short", start, time.monotonic(), False, f"{type(e).__name__}: {e}"[:300]
+            )
+
+    def stop(self, timeout: float = 180) -> list[Request]:
+        """Stop sending; wait for the requests in flight. One still running after `timeout` is a
+        hang and is returned as a failed request."""
+        self.stopping.set()
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(end - time.monotonic(), 0))
+        hung = [
+            Request(
+                "hung",
+                self.started,
+                time.monotonic(),
+                False,
+                f"a client thread still waits {timeout:.0f} s after the load stopped",
+            )
+            for t in self.threads
+            if t.is_alive()
+        ]
+        with self.lock:
+            return list(self.done) + hung
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def latencies(reqs: list[Request], kind: str, lo: float, hi: float) -> dict:
+    """p50 / p99 (s) of the successful `kind` requests that started in [lo, hi)."""
+    xs = sorted(r.latency for r in reqs if r.kind == kind and r.ok and lo <= r.start < hi)
+    return {"n": len(xs), "p50": pct(xs, 50), "p99": pct(xs, 99)}
+
+
+def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_kw) -> dict:
+    """Client load on the running deployment for `warm_s` (steady state), a full rolling restart
+    during it, `after_s` more, then the counts and latencies of everything the clients sent."""
+    model = dep.model()
+    # Warm-up: the first requests on a fresh replica are slow (~20 s on 2 busy cores); the steady
+    # window must measure a warm service, as the restart window does.
+    warm = Load(
+        dep.url, model, **dict(load_kw, shorts=2, streams=4, stream_tokens=64, max_requests=12)
+    )
+    time.sleep(5)
+    warm.stop(timeout=120)
+    load = Load(dep.url, model, **load_kw)
+    time.sleep(warm_s)
+    t0 = time.monotonic()
+    code, output, took = dep.rolling_restart()
+    t1 = time.monotonic()
+    time.sleep(after_s)
+    reqs = load.stop()
+    failed = [r for r in reqs if not r.ok]
+    replica_logs = dep.logs("vllm-cpu")
+    lb_logs = dep.logs("lb")
+    # The supervisor's drain log line: how many requests each stopped replica was running.
+    in_flight = [int(n) for n in re.findall(r"(\d+) request\(s\) in flight", replica_logs)]
+    # HAProxy's httplog: .../srv_conn/retries, "+N" when redispatched to another server.
+    replayed = len(re.findall(r" \d+/\d+/\d+/\d+/\+?[1-9]\d* \d+/\d+ \"", lb_logs))
+    return {
+        "bare": dep.bare,
+        "restart_exit": code,
+        "restart_s": round(took, 1),
+        "restart_output": output,
+        "total": len(reqs),
+        "failed": len(failed),
+        "streams": sum(r.kind == "stream" for r in reqs),
+        "shorts": sum(r.kind == "short" for r in reqs),
+        "failed_streams": sum(r.kind == "stream" for r in failed),
+        "failed_shorts": sum(r.kind == "short" for r in failed),
+        "hung": sum(r.kind == "hung" for r in reqs),
+        "failures": [asdict(r) | {"at_s": round(r.start - t0, 1)} for r in failed][:20],
+        "during_restart": sum(t0 <= r.start < t1 for r in reqs),
+        "in_flight_at_sigterm": in_flight,
+        "lb_replayed": replayed,
+        "latency": {
+            kind: {
+                "steady": latencies(reqs, kind, load.started, t0),
+                "restart": latencies(reqs, kind, t0, t1),
+            }
+            for kind in ("short", "stream")
+        },
+    }
+
+
+def summary(result: dict) -> str:
+    lat = result["latency"]
+    f = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    lines = [
+        f"{'bare vllm serve' if result['bare'] else 'entrypoint.py'}: "
+        f"{result['failed']} failed / {result['total']} requests "
+        f"({result['failed_streams']}/{result['streams']} streams, "
+        f"{result['failed_shorts']}/{result['shorts']} short, {result['hung']} hung); "
+        f"{result['during_restart']} sent during the {result['restart_s']} s rolling restart "
+        f"(exit {result['restart_exit']}); in flight at each SIGTERM {result['in_flight_at_sigterm']}; "
+        f"replayed by the LB {result['lb_replayed']}"
+    ]
+    for kind in ("short", "stream"):
+        s, r = lat[kind]["steady"], lat[kind]["restart"]
+        lines.append(
+            f"  {kind} latency p50/p99 s: steady {f(s['p50'])}/{f(s['p99'])} (n {s['n']}), "
+            f"during restart {f(r['p50'])}/{f(r['p99'])} (n {r['n']})"
+        )
+    for fl in result["failures"][:5]:
+        lines.append(f"  failed {fl['kind']} at {fl['at_s']} s: {fl['detail'][:200]}")
+    return "\n".join(lines)
+
+
+def save(result: dict, path) -> None:
+    path.write_text(json.dumps(result, indent=2, default=str))
