@@ -14,8 +14,8 @@ window vs during the rolling restart.
 from __future__ import annotations
 
 import os
-import subprocess
 
+from tests.harness import build_image
 from tests.harness.rolling import Deployment, rollout, summary
 
 from .common import ROOT, Row, log, record
@@ -50,12 +50,7 @@ def run(repeat: int, quick: bool) -> list[Row]:
         return [
             Row("rolling", "rolling restart", "", [], [], [], "", None, note=f"not measured: {why}")
         ]
-    build = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-image.sh"), "lb"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    build, _ = build_image("lb")
     if build.returncode != 0:
         raise RuntimeError(f"build-image.sh lb failed: {build.stderr[-500:]}")
     ours, bare = one("ours"), one("bare")

@@ -11,11 +11,10 @@ import functools
 import json
 import os
 import subprocess
-import time
 
 import pytest
 
-from tests.harness import DEFAULT_VLLM, ROOT, free_port
+from tests.harness import DEFAULT_VLLM, ROOT, build_image, free_port
 from vllm_intel.supervisor import settings
 
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
@@ -41,18 +40,10 @@ def docker_host() -> str:
 
 @functools.cache
 def _build(accelerator: str, version: str, target: str = "runtime") -> str:
-    env = dict(os.environ, VLLM_VERSION=version, TARGET=target)
-    t0 = time.monotonic()
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-image.sh"), accelerator],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
+    out, took = build_image(accelerator, version, target)
     if out.returncode != 0:
         pytest.fail(f"build-image.sh {accelerator} ({version}) failed:\n{out.stderr[-6000:]}")
-    print(f"built {accelerator} {version} {target} in {time.monotonic() - t0:.0f} s")
+    print(f"built {accelerator} {version} {target} in {took:.0f} s")
     suffix = "" if target == "runtime" else f"-{target}"
     return f"vllm-intel:{accelerator}-{version}{suffix}"
 

@@ -15,14 +15,12 @@ To see it catch failures (docs/deploy.md lists what was seen):
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 
 import pytest
 
+from tests.harness import build_image
 from tests.harness.rolling import Deployment, rollout, save, summary
-
-from .conftest import ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -37,16 +35,10 @@ LOAD = dict(
 
 @pytest.fixture(scope="module")
 def lb_image(docker_host) -> str:
-    t = time.monotonic()
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-image.sh"), "lb"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    out, took = build_image("lb")
     if out.returncode != 0:
         pytest.fail(f"build-image.sh lb failed:\n{out.stderr[-4000:]}")
-    print(f"built vllm-intel:lb in {time.monotonic() - t:.0f} s")
+    print(f"built vllm-intel:lb in {took:.0f} s")
     return "vllm-intel:lb"
 
 

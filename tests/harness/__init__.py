@@ -35,6 +35,17 @@ SERVE_ENV = {
 }
 
 
+def build_image(kind: str, version: str = DEFAULT_VLLM, target: str = "runtime"):
+    """`scripts/build-image.sh KIND` (the one build command) -> (CompletedProcess, seconds)."""
+    env = dict(os.environ, VLLM_VERSION=version, TARGET=target)
+    t0 = time.monotonic()
+    script = str(ROOT / "scripts" / "build-image.sh")
+    out = subprocess.run(
+        ["bash", script, kind], env=env, capture_output=True, text=True, timeout=2400
+    )
+    return out, time.monotonic() - t0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
