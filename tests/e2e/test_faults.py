@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from tests.harness import Streams, alive, descendants, wait_until_tokens_flow
+from tests.harness import Streams, alive, descendants, poll, wait_until_tokens_flow
 
 from .conftest import assert_nothing_left, probe, snapshot
 
@@ -68,7 +68,9 @@ def test_sigkill_of_the_api_server_kills_the_orphans(serve):
 def test_sigterm_while_loading_exits_cleanly(serve):
     s = serve("--enforce-eager", wait=False)
     deadline_s = 30 + 10
-    time.sleep(8)  # well into start-up: the engine core and worker exist, the model is loading
+    # Well into start-up: the engine core and its worker exist, the model is loading. (A fixed
+    # sleep hit the API server still parsing its arguments on a loaded host.)
+    poll(lambda: len(descendants(s.pid)) >= 3, timeout=120, what="engine core and worker started")
     snapshot(s)
     assert probe(s, "ready") == 1
     t_term = s.signal(signal.SIGTERM)
@@ -76,5 +78,8 @@ def test_sigterm_while_loading_exits_cleanly(serve):
     took = time.monotonic() - t_term
     print(f"SIGTERM while loading: exit {code} after {took:.1f} s")
     assert code is not None and took <= deadline_s
-    assert code in (0, 128 + signal.SIGTERM), s.tail()
+    # vLLM's API server turns a SIGTERM during start-up into KeyboardInterrupt (it then dies of
+    # SIGINT), once the engine core it waits for has stopped: 130 is its own clean answer, as
+    # 143 (the default SIGTERM action, earlier in start-up) and 0 are. Not 124 (forced).
+    assert code in (0, 128 + signal.SIGINT, 128 + signal.SIGTERM), s.tail()
     assert_nothing_left(s, expect_shm=False)

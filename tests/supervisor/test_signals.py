@@ -98,6 +98,23 @@ def test_second_signal_escalates_to_the_group(run):
     assert took < 3 + 2  # KILL_GRACE, not the full deadline
 
 
+def test_a_stop_while_starting_reaches_the_group_after_kill_grace(run):
+    """Nothing is accepted while starting: if vLLM does not act on SIGTERM (its API server waits
+    for the engine core), the group gets SIGTERM after KILL_GRACE, not after the drain."""
+    r = run({"FAKE_ON_TERM": "ignore", "FAKE_READY_AFTER": "600", "INTEL_VLLM_DRAIN_TIMEOUT": "5"})
+    r.wait_for(lambda: r.state() == "STARTING")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    # Forwarded at once, the group's at KILL_GRACE (3 s), the deadline's escalation at 12 s.
+    times = [float(t) for t in re.findall(r"got SIGTERM at ([\d.]+)", out)]
+    assert len(times) == 3 and "SIGTERM to its process group" in out, out
+    assert 2.5 <= times[1] - times[0] <= 4.5, times
+    # The fake ignores them all: the deadline (5 + 10 s) still ends it, as for any stop.
+    assert code == 124 and time.monotonic() - t0 <= 5 + 10 + 2, out
+
+
 def test_deadline_kills_the_group(run):
     r = run({"FAKE_ON_TERM": "ignore", "INTEL_VLLM_DRAIN_TIMEOUT": "0"})
     r.wait_for(lambda: r.state() == "SERVING")

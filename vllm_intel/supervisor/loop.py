@@ -70,6 +70,7 @@ class Supervisor:
         self.escalate_at: float | None = None
         self.kill_at: float | None = None
         self.escalated = False
+        self.group_term_at: float | None = None  # a stop while starting: the group's SIGTERM
         self.observer = Observer(self.port)
 
     # -- set up ---------------------------------------------------------------------------
@@ -151,6 +152,10 @@ class Supervisor:
         self.stop_requested_at = now
         self.kill_at = now + settings.deadline(self.drain)
         self.escalate_at = self.kill_at - KILL_GRACE_S
+        if self.state == State.STARTING:
+            # Nothing was accepted yet, so nothing to drain; vLLM may not act on SIGTERM until
+            # its engine is up (its API server waits for the engine core's handshake).
+            self.group_term_at = now + KILL_GRACE_S
         self.observer.begin_drain(serving=self.state == State.SERVING)
         self.set_state(
             State.DRAINING,
@@ -180,6 +185,10 @@ class Supervisor:
 
     def check_deadline(self) -> None:
         now = time.monotonic()
+        if self.group_term_at is not None and now >= self.group_term_at and not self.escalated:
+            log("vLLM did not stop while starting: SIGTERM to its process group (nothing to drain)")
+            self.signal_group(signal.SIGTERM)
+            self.group_term_at = None
         if self.escalate_at is not None and now >= self.escalate_at and not self.escalated:
             log(
                 f"deadline: vLLM did not exit {self.escalate_at - self.stop_requested_at:.0f} s "
