@@ -275,8 +275,9 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
     failed = [r for r in reqs if not r.ok]
     replica_logs = dep.logs("vllm-cpu")
     lb_logs = dep.logs("lb")
-    # The supervisor's drain log line: how many requests each stopped replica was running.
-    in_flight = [int(n) for n in re.findall(r"(\d+) request\(s\) in flight", replica_logs)]
+    # The supervisor's exit line: how many requests each stopped replica was running at SIGTERM
+    # (observe.Observer.summary: "; N in flight at SIGTERM, ...").
+    in_flight = [int(n) for n in re.findall(r"; (\d+) in flight at SIGTERM", replica_logs)]
     # HAProxy's httplog: .../srv_conn/retries, "+N" when redispatched to another server.
     replayed = len(re.findall(r" \d+/\d+/\d+/\d+/\+?[1-9]\d* \d+/\d+ \"", lb_logs))
     return {
