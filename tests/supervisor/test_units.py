@@ -140,6 +140,11 @@ def test_metrics_counts_sum_engines_and_split_aborts():
     }
 
 
+def test_metrics_counts_survive_a_family_the_parser_rejects():
+    odd = METRICS + '# TYPE vllm:some_new_metric gauge\nvllm:some_new_metric{x="1"} not-a-number\n'
+    assert observe.parse_counts(odd) == observe.parse_counts(METRICS)
+
+
 def test_observer_summary_is_relative_to_the_drain():
     obs = observe.Observer(0)
     assert obs.summary() == ""  # never counted (vLLM was not serving)

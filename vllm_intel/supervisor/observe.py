@@ -6,6 +6,7 @@ a signal or the deadline.
 
 from __future__ import annotations
 
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -28,12 +29,18 @@ def healthy(port: int, timeout: float = HEALTH_TIMEOUT_S) -> bool:
     return http_get(port, "/health", timeout)[0] == 200
 
 
+COUNTED = re.compile(r"vllm:(num_requests_running|num_requests_waiting|request_success)")
+
+
 def parse_counts(text: str) -> dict[str, float]:
     """Requests running, waiting, finished and aborted, from vLLM's Prometheus exposition."""
     from prometheus_client.parser import text_string_to_metric_families
 
     counts = {"running": 0.0, "waiting": 0.0, "finished": 0.0, "aborted": 0.0}
-    for family in text_string_to_metric_families(text):
+    # Only the lines of the families read here: whatever else vLLM exposes (a value or metric type
+    # the parser rejects) must not make these counts unreadable.
+    ours = "\n".join(line for line in text.splitlines() if COUNTED.search(line)) + "\n"
+    for family in text_string_to_metric_families(ours):
         for sample in family.samples:
             if sample.name == "vllm:num_requests_running":
                 counts["running"] += sample.value
