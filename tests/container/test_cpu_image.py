@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from tests.harness import DEFAULT_VLLM, OLD_VLLM, Streams, wait_until_tokens_flow
+from tests.harness import DEFAULT_VLLM, OLD_VLLM, Streams
 from vllm_intel.supervisor import settings
 
 from .conftest import docker
@@ -106,7 +106,7 @@ def test_completion_returns_200(stack):
 
 def test_compose_stop_drains_streams(stack):
     streams = Streams(stack.url, stack.served_model(), STREAMS, STREAM_TOKENS, timeout=120)
-    wait_until_tokens_flow(stack.url, running=STREAMS, timeout=120)  # every stream generating
+    assert streams.wait_started(120), "a stream produced no token"  # every stream generating
     t0 = time.monotonic()
     r = stack("stop", timeout=GRACE + 60, check=False)
     took = time.monotonic() - t0

@@ -130,7 +130,12 @@ class StreamResult:
 
 
 def stream_completion(
-    url: str, model: str, max_tokens: int, timeout: float = 120, prompt: str = "def main("
+    url: str,
+    model: str,
+    max_tokens: int,
+    timeout: float = 120,
+    prompt: str = "def main(",
+    first_token: threading.Event | None = None,
 ) -> StreamResult:
     res = StreamResult()
     body = {
@@ -162,6 +167,8 @@ def stream_completion(
                 if event.get("usage"):
                     res.tokens = event["usage"]["completion_tokens"]
                 if event.get("choices"):
+                    if first_token is not None:
+                        first_token.set()
                     res.finish_reason = (
                         event["choices"][0].get("finish_reason") or res.finish_reason
                     )
@@ -177,6 +184,7 @@ class Streams:
 
     def __init__(self, url: str, model: str, n: int, max_tokens: int, timeout: float = 120):
         self.results: list[StreamResult | None] = [None] * n
+        self.started = [threading.Event() for _ in range(n)]  # each stream's first token
         self.threads = [
             threading.Thread(target=self._one, args=(i, url, model, max_tokens, timeout))
             for i in range(n)
@@ -185,7 +193,14 @@ class Streams:
             t.start()
 
     def _one(self, i, url, model, max_tokens, timeout):
-        self.results[i] = stream_completion(url, model, max_tokens, timeout)
+        self.results[i] = stream_completion(
+            url, model, max_tokens, timeout, first_token=self.started[i]
+        )
+
+    def wait_started(self, timeout: float) -> bool:
+        """True once every stream has produced a token (so a signal lands mid-generation)."""
+        end = time.monotonic() + timeout
+        return all(e.wait(max(end - time.monotonic(), 0)) for e in self.started)
 
     def join(self, timeout: float = 180) -> list[StreamResult]:
         end = time.monotonic() + timeout
