@@ -10,7 +10,7 @@ LINT_VENV     = $(eval LINT_VENV := $$(shell scripts/lint-venv.sh))$(LINT_VENV)
 MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
-.PHONY: help setup model run patches test test-fast test-xpu soak lint build-cpu build-xpu up down bench \
+.PHONY: help setup model run patches test test-fast test-xpu test-rolling soak lint build-cpu build-xpu up down bench \
         xpu-env buildkite-local engine-start engine-stop clean build-lb up-replicas down-replicas \
         rolling-restart
 
@@ -36,6 +36,9 @@ test-fast: setup ## Run the tests that need neither Docker nor a vllm serve
 
 test-xpu: setup ## Check the XPU recipe table against upstream's sdists and build the XPU wheels
 	@$(VENV)/bin/python -m pytest tests/xpu $(PYTEST_ARGS)
+
+test-rolling: setup ## Rolling restart of 2 replicas behind HAProxy under load (Docker; ~5 min)
+	@$(VENV)/bin/python -m pytest -m rolling tests/container/test_rolling_restart.py -s $(PYTEST_ARGS)
 
 soak: setup ## 20 stop/start cycles of the CPU container under traffic (CYCLES=20; ~25 min)
 	@$(VENV)/bin/python -m pytest -m soak tests/container/test_soak.py -s $(PYTEST_ARGS)

@@ -22,7 +22,9 @@ import pytest
 from tests.harness import build_image
 from tests.harness.rolling import Deployment, rollout, save, summary
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+# Opt-in (`make test-rolling`): on an idle machine the LB's drain step empties a replica before its
+# SIGTERM, so the check that the entrypoint's drain had work fails; see docs/deploy.md.
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.rolling]
 
 BARE = os.environ.get("INTEL_VLLM_ROLLING_BARE") == "1"
 # Long streams: a few hundred tokens (~1-3 s each on 2 idle cores, up to 35 s at 512 tokens on the
