@@ -13,7 +13,7 @@ import re
 import signal
 import time
 
-from tests.harness import Streams, wait_until_tokens_flow
+from tests.harness import Streams
 from vllm_intel.supervisor import settings
 
 from .common import Row, launch, record, stop
@@ -30,7 +30,7 @@ def one(kind: str, n: int, label: str) -> dict:
     s, _ = launch(kind, ["--enforce-eager"], env=env, name=f"drain-{kind}-n{n}-{label}")
     try:
         streams = Streams(s.url, s.model, n, max_tokens, timeout=CLIENT_TIMEOUT_S)
-        wait_until_tokens_flow(s.url, running=n, timeout=120)
+        streams.wait_flowing(timeout=120)
         t_term = s.signal(signal.SIGTERM)
         results = streams.join(timeout=CLIENT_TIMEOUT_S + 15)
         code = s.wait(timeout=max(t_term + EXIT_BOUND_S - time.monotonic(), 0))

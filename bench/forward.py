@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 
-from tests.harness import ROOT, Server, Streams, free_port, wait_until_tokens_flow
+from tests.harness import ROOT, Server, Streams, free_port
 
 MODEL = ROOT / "build" / "tiny-llama"
 
@@ -37,7 +37,7 @@ def once(entrypoint: str, streams: int) -> dict:
         s.wait_ready()
         api = json.loads((tmp / "state.json").read_text())["child"]
         load = Streams(s.url, s.model_name(), streams, max_tokens=2000, timeout=120)
-        wait_until_tokens_flow(s.url, running=streams, timeout=120)
+        load.wait_flowing(timeout=120)
         trace = tmp / "strace.txt"
         st = subprocess.Popen(
             [

@@ -21,7 +21,7 @@ import pytest
 import requests
 
 from tests.deploy.manifests import container, pod_spec, prestop_seconds
-from tests.harness import StreamResult, stream_completion, wait_until_tokens_flow
+from tests.harness import StreamResult, stream_completion
 
 from .conftest import DOCKER, docker, free_port
 
@@ -44,6 +44,8 @@ class Traffic:
         self._stop = threading.Event()
         self.results: list[StreamResult] = []
         self._lock = threading.Lock()
+        self.flowing = threading.Event()  # some stream produced a token (client side)
+        self.last_flowing = threading.Event()  # the one_more() stream did
         self._threads = [
             threading.Thread(target=self._client, args=(url, model, timeout))
             for _ in range(CLIENTS)
@@ -51,8 +53,10 @@ class Traffic:
         for t in self._threads:
             t.start()
 
-    def _stream(self, url: str, model: str, timeout: float) -> None:
-        r = stream_completion(url, model, STREAM_TOKENS, timeout)
+    def _stream(self, url: str, model: str, timeout: float, started=None) -> None:
+        r = stream_completion(
+            url, model, STREAM_TOKENS, timeout, first_token=started or self.flowing
+        )
         with self._lock:
             self.results.append(r)
 
@@ -66,7 +70,9 @@ class Traffic:
     def one_more(self, url: str, model: str, timeout: float) -> None:
         """One request arriving just before SIGTERM (endpoint removal is not instant): so a stream
         is in flight at SIGTERM even when the earlier ones all ended during a slow preStop."""
-        self._threads.append(threading.Thread(target=self._stream, args=(url, model, timeout)))
+        self._threads.append(
+            threading.Thread(target=self._stream, args=(url, model, timeout, self.last_flowing))
+        )
         self._threads[-1].start()
 
     def join(self, timeout: float) -> list[StreamResult]:
@@ -174,7 +180,7 @@ def test_kubelet_termination_drains_streams(pod):
 
     model = requests.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
     traffic = Traffic(url, model, timeout=grace + 60)
-    wait_until_tokens_flow(url, timeout=60)
+    assert traffic.flowing.wait(60), "no stream produced a token within 60 s"
 
     # kubelet: the grace period starts with the preStop hook; SIGTERM follows when it returns.
     t_kill = time.monotonic() + grace
@@ -185,7 +191,7 @@ def test_kubelet_termination_drains_streams(pod):
     traffic.stop()
     time.sleep(SETTLE_S)
     traffic.one_more(url, model, timeout=grace + 60)
-    wait_until_tokens_flow(url, running=1, timeout=30)
+    assert traffic.last_flowing.wait(30), "the last stream produced no token within 30 s"
     t_term = time.monotonic()
     docker("kill", "-s", "TERM", cid)
 

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from tests.harness import DEFAULT_VLLM, ROOT, Streams, wait_until_tokens_flow
+from tests.harness import DEFAULT_VLLM, ROOT, Streams
 from vllm_intel.supervisor import settings
 
 from .conftest import docker
@@ -113,7 +113,7 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_
         seen.append(usage(cid))
         streams = Streams(c.url, model, n=4, max_tokens=3000, timeout=120)
         try:
-            wait_until_tokens_flow(c.url, running=4, timeout=90)
+            streams.wait_flowing(timeout=90)
         except TimeoutError:
             raise AssertionError(f"cycle {cycle}: streams never ran: {streams.join()}\n{c.logs()}")
         if cycle == CRASH_AT:

@@ -12,7 +12,7 @@ import time
 import pytest
 import requests
 
-from tests.harness import Streams, wait_until_tokens_flow
+from tests.harness import Streams
 
 from .conftest import assert_nothing_left, probe
 
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def test_sigterm_mid_stream_drains_every_request(serve, mode):
     s = serve(*(["--enforce-eager"] if mode == "eager" else []))
     streams = Streams(s.url, s.model, n=8, max_tokens=3000)
-    wait_until_tokens_flow(s.url, running=8)
+    streams.wait_flowing(timeout=60)
     t_term = s.signal(signal.SIGTERM)
     time.sleep(0.5)
     assert probe(s, "ready") == 1  # out of rotation while draining
@@ -57,7 +57,7 @@ def test_sigterm_mid_stream_drains_every_request(serve, mode):
 def test_request_longer_than_the_drain_gets_a_final_event(serve):
     s = serve("--enforce-eager", drain=4)
     streams = Streams(s.url, s.model, n=1, max_tokens=8000)
-    wait_until_tokens_flow(s.url)
+    streams.wait_flowing(timeout=60)
     t_term = s.signal(signal.SIGTERM)
     (result,) = streams.join(timeout=60)
     code = s.wait(timeout=4 + 10 + 2)

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from tests.harness import Streams, alive, descendants, poll, wait_until_tokens_flow
+from tests.harness import Streams, alive, descendants, poll
 
 from .conftest import assert_nothing_left, probe, snapshot
 
@@ -31,7 +31,7 @@ def find(s, title: str) -> int:
 def test_sigkill_of_worker_or_engine_fails_fast_and_loud(serve, victim):
     s = serve("--enforce-eager")
     streams = Streams(s.url, s.model, n=4, max_tokens=6000, timeout=60)
-    wait_until_tokens_flow(s.url, running=4)
+    streams.wait_flowing(timeout=60)
     t_kill = time.monotonic()
     os.kill(find(s, victim), signal.SIGKILL)
     live_failed = False

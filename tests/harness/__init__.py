@@ -19,8 +19,6 @@ from dataclasses import dataclass
 import psutil
 import requests
 
-from vllm_intel.supervisor import observe
-
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
 OLD_VLLM = "0.27.1"  # the oldest release we test that still lacks the CPU no-op fix
@@ -202,6 +200,16 @@ class Streams:
         end = time.monotonic() + timeout
         return all(e.wait(max(end - time.monotonic(), 0)) for e in self.started)
 
+    def wait_flowing(self, timeout: float) -> None:
+        """Block until every stream has produced a token, as its client saw it; else raise with
+        what each stream got. (vLLM's running gauge, sampled, can miss short-lived states.)"""
+        if not self.wait_started(timeout):
+            waiting = [i for i, e in enumerate(self.started) if not e.is_set()]
+            raise TimeoutError(
+                f"streams {waiting} produced no token within {timeout} s: "
+                f"{[self.results[i] for i in waiting]}"
+            )
+
     def join(self, timeout: float = 180) -> list[StreamResult]:
         end = time.monotonic() + timeout
         for t in self.threads:
@@ -210,16 +218,6 @@ class Streams:
             r if r is not None else StreamResult(error="client thread still waiting")
             for r in self.results
         ]
-
-
-def wait_until_tokens_flow(url: str, running: int = 1, timeout: float = 30) -> None:
-    """Block until the engine runs `running` requests (so a signal lands mid-generation)."""
-
-    def enough() -> bool:
-        counts = observe.parse_counts(requests.get(url + "/metrics", timeout=2).text)
-        return counts["running"] >= running
-
-    poll(enough, timeout, what="no request started running", interval=0.1)
 
 
 def poll(check, timeout: float, what: str = "condition not reached", interval: float = 0.2):
