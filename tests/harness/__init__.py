@@ -220,6 +220,61 @@ class Streams:
         ]
 
 
+class Senders:
+    """`n` clients each sending short non-streaming completions back to back until the server
+    refuses one (503, the drain) or the connection is refused (the server is gone): requests sent
+    through the instant of SIGTERM. `results`: (status, completion tokens or error text)."""
+
+    def __init__(self, url: str, model: str, n: int = 2, max_tokens: int = 8):
+        self.results: list[tuple[int, object]] = []
+        self._lock = threading.Lock()
+        body = {
+            "model": model,
+            # A prompt long enough that tokenizing it takes a while: the request spends time
+            # between the HTTP layer and the engine, where the SIGTERM race lives.
+            "prompt": "def main(): " * 1200,
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+        }
+        self.threads = [
+            threading.Thread(target=self._loop, args=(url, body), daemon=True) for _ in range(n)
+        ]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self, url: str, body: dict) -> None:
+        while True:
+            try:
+                r = requests.post(url + "/v1/completions", json=body, timeout=60)
+            except requests.ConnectionError as e:
+                if "refused" in str(e).lower():
+                    return
+                result = (0, f"{type(e).__name__}: {e}"[:300])
+            except requests.RequestException as e:
+                result = (0, f"{type(e).__name__}: {e}"[:300])
+            else:
+                try:
+                    got = r.json()
+                    ok = r.status_code == 200 and got["choices"][0]["finish_reason"] == "length"
+                    result = (
+                        r.status_code,
+                        got["usage"]["completion_tokens"] if ok else r.text[:300],
+                    )
+                except (ValueError, KeyError, IndexError):
+                    result = (r.status_code, r.text[:300])
+            with self._lock:
+                self.results.append(result)
+            if result[0] != 200:
+                return
+
+    def join(self, timeout: float = 120) -> list[tuple[int, object]]:
+        end = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(end - time.monotonic(), 0))
+        assert not any(t.is_alive() for t in self.threads), "a sender still waits"
+        return self.results
+
+
 def poll(check, timeout: float, what: str = "condition not reached", interval: float = 0.2):
     """check()'s first truthy value within `timeout` s; request errors count as "not yet"."""
     end = time.monotonic() + timeout

@@ -22,6 +22,12 @@ What goes wrong upstream, and what this changes:
      shutdown"). -> While draining, every request that is not GET/HEAD gets 503 with
      ``Connection: close`` and ``Retry-After``, before it reaches vLLM. GET endpoints
      (/health, /metrics, /v1/models) keep answering.
+  4. A request accepted in the instant of SIGTERM (past the HTTP layer, not yet scheduled by the
+     engine) gets a 500 (the renderer's executor is shut down under it) or ``finish_reason:
+     "abort"`` with no token (the engine core rejects an add once its shutdown started).
+     -> The engine's shutdown starts once every request accepted before the drain has sent its
+     first response byte (a stream's first token, a whole completion) or ended, waiting at most
+     ``min(2 s, N/4)``: accepted requests are served, later ones get the 503 of 3.
 """
 
 from __future__ import annotations
@@ -36,8 +42,42 @@ from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
 log = logging.getLogger("vllm.vllm_intel.patches")
 
 ABORT_LEAD_S = 2.0
+ADMIT_WAIT_S = 2.0  # at most this long (and N/4) before the engine's drain starts
 # Set from AsyncLLM.shutdown (the API server starts it on SIGTERM); read by the ASGI wrapper.
 DRAINING = threading.Event()
+
+
+class Admitted:
+    """Work requests let through before the drain that have neither sent a response byte nor
+    ended. The ASGI layer adds and removes them on the event loop; shutdown() waits on them from
+    the executor thread vLLM runs it in."""
+
+    def __init__(self):
+        self._open: set[object] = set()
+        self._lock = threading.Condition()
+
+    def add(self, token: object) -> None:
+        with self._lock:
+            self._open.add(token)
+
+    def done(self, token: object) -> None:
+        with self._lock:
+            if token in self._open:
+                self._open.discard(token)
+                self._lock.notify_all()
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    def wait_empty(self, timeout: float) -> int:
+        """Block until none is open or `timeout` s passed; the number still open."""
+        with self._lock:
+            self._lock.wait_for(lambda: not self._open, timeout)
+            return len(self._open)
+
+
+ADMITTED = Admitted()
 
 
 class StoppedBeforeFinishing(RuntimeError):
@@ -81,7 +121,21 @@ class RefuseWhileDraining:
             )
             await send({"type": "http.response.body", "body": self.BODY})
             return
-        await self.app(scope, receive, send)
+        if scope["type"] != "http" or scope.get("method", "GET") in ("GET", "HEAD"):
+            await self.app(scope, receive, send)
+            return
+        token = object()
+        ADMITTED.add(token)
+
+        async def send_and_mark(message):
+            if message["type"] == "http.response.body" and message.get("body"):
+                ADMITTED.done(token)  # a first token or a whole answer: the engine has it
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_mark)
+        finally:
+            ADMITTED.done(token)
 
 
 class DrainDeadline(Patch):
@@ -134,6 +188,16 @@ class DrainDeadline(Patch):
 
         def shutdown(self, *args, **kwargs):
             DRAINING.set()
+            timeout = getattr(getattr(self, "vllm_config", None), "shutdown_timeout", 0) or 0
+            if timeout > 0 and len(ADMITTED):
+                t0 = time.monotonic()
+                left = ADMITTED.wait_empty(min(ADMIT_WAIT_S, timeout / 4))
+                log.info(
+                    "[shutdown] API server: drain starts after %.2f s: the requests accepted "
+                    "before it %s",
+                    time.monotonic() - t0,
+                    f"still on the way: {left}" if left else "have all reached the engine",
+                )
             handler = getattr(self, "output_handler", None)
             loop = handler.get_loop() if handler is not None else None
             try:
@@ -164,6 +228,7 @@ class DrainDeadline(Patch):
     def revert(self) -> None:
         super().revert()
         DRAINING.clear()
+        ADMITTED.__init__()
 
 
 PATCH = DrainDeadline()
