@@ -37,8 +37,8 @@ test-fast: setup ## Run the tests that need neither Docker nor a vllm serve
 test-xpu: setup ## Check the XPU recipe table against upstream's sdists and build the XPU wheels
 	@$(VENV)/bin/python -m pytest tests/xpu $(PYTEST_ARGS)
 
-test-rolling: setup ## Rolling restart of 2 replicas behind HAProxy under load (Docker; ~5 min)
-	@$(VENV)/bin/python -m pytest -m rolling tests/container/test_rolling_restart.py -s $(PYTEST_ARGS)
+test-rolling: setup ## Only the rolling restart test (2 replicas behind HAProxy under load; part of make test)
+	@$(VENV)/bin/python -m pytest tests/container/test_rolling_restart.py -s $(PYTEST_ARGS)
 
 soak: setup ## 20 stop/start cycles of the CPU container under traffic (CYCLES=20; ~25 min)
 	@$(VENV)/bin/python -m pytest -m soak tests/container/test_soak.py -s $(PYTEST_ARGS)

@@ -1,8 +1,9 @@
 """rolling: a rolling restart of 2 replicas behind HAProxy under client load, what the clients see.
 
-Both arms: compose.yaml + compose.replicas.yaml (2 CPU replicas, `--enforce-eager`, drain 30 s,
-the LB image with deploy/haproxy/haproxy.cfg), the client load of tests/harness/rolling.py (3 threads of
-256-token streams, 2 of 16-token completions, on the LB's 127.0.0.1 port), 15 s of steady state,
+Both arms: compose.yaml + compose.replicas.yaml (2 CPU replicas, `--enforce-eager`,
+the LB image with deploy/haproxy/haproxy.cfg), the client load of tests/harness/rolling.py (LOAD: 2
+threads of 256-token streams, 2 of 16-token completions, 2 of ~15 s streams, on the LB's 127.0.0.1 port; drain
+DRAIN_S), 15 s of steady state,
 then `scripts/rolling-restart.sh`, then 5 s more.
 - ours: the image as shipped (entrypoint.py drains on SIGTERM);
 - alternative: bench/compose.bare-vllm.yaml: bare `vllm serve` as PID 1, no patch plugin.
@@ -16,14 +17,10 @@ from __future__ import annotations
 import os
 
 from tests.harness import build_image
-from tests.harness.rolling import Deployment, rollout, summary
+from tests.harness.rolling import DRAIN_S, LOAD, Deployment, rollout, summary
 
 from .common import ROOT, Row, log, record
 from .dockerutil import IMAGE, engine
-
-LOAD = dict(
-    streams=3, shorts=2, stream_tokens=256, short_tokens=16, max_requests=4000, max_seconds=900
-)
 
 
 def one(kind: str) -> dict:
@@ -32,6 +29,7 @@ def one(kind: str) -> dict:
         "vllm-intel:lb",
         f"vllm-intel-bench-rolling-{os.getpid()}-{kind}",
         bare=kind == "bare",
+        drain=DRAIN_S,
         log_dir=ROOT / "bench" / "results" / "logs",
     )
     try:

@@ -3,9 +3,8 @@
 # pods (docs/deploy.md, "Replicas behind a load balancer"): for each replica
 #   1. wait until every other replica is healthy and UP in HAProxy (never two down at once),
 #   2. set it to DRAIN in HAProxy (no new requests) and wait LB_DRAIN_SECONDS (5): what removing a
-#      pod from the endpoints plus the preStop sleep do in Kubernetes. Requests HAProxy had just
-#      sent reach vLLM's scheduler before the drain starts (one arriving in the same instant as
-#      SIGTERM could get `finish_reason: abort` or a 500, which no LB may replay),
+#      pod from the endpoints plus the preStop sleep do in Kubernetes: new requests go to the
+#      other replicas instead of being refused with 503 and replayed,
 #   3. `docker stop -t GRACE` it: SIGTERM starts entrypoint.py's drain (in-flight requests finish,
 #      new ones get 503, which HAProxy replays on another replica); GRACE is what
 #      `entrypoint.py grace-period` prints inside that container; then the DRAIN is lifted,

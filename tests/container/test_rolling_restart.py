@@ -20,19 +20,11 @@ import time
 import pytest
 
 from tests.harness import build_image
-from tests.harness.rolling import Deployment, rollout, save, summary
+from tests.harness.rolling import DRAIN_S, LOAD, Deployment, rollout, save, summary
 
-# Opt-in (`make test-rolling`): on an idle machine the LB's drain step empties a replica before its
-# SIGTERM, so the check that the entrypoint's drain had work fails; see docs/deploy.md.
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.rolling]
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 BARE = os.environ.get("INTEL_VLLM_ROLLING_BARE") == "1"
-# Long streams: a few hundred tokens (~1-3 s each on 2 idle cores, up to 35 s at 512 tokens on the
-# shared machine: longer than the 30 s drain), so that one is nearly always
-# running on the replica that gets SIGTERM; short ones: 16 tokens.
-LOAD = dict(
-    streams=3, shorts=2, stream_tokens=256, short_tokens=16, max_requests=4000, max_seconds=900
-)
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +38,9 @@ def lb_image(docker_host) -> str:
 
 def test_rolling_restart_loses_no_request(cpu_image, lb_image):
     t = time.monotonic()
-    dep = Deployment(cpu_image(), lb_image, f"vllm-intel-rolling-{os.getpid()}", bare=BARE)
+    dep = Deployment(
+        cpu_image(), lb_image, f"vllm-intel-rolling-{os.getpid()}", bare=BARE, drain=DRAIN_S
+    )
     try:
         up = dep.up()
         result = rollout(dep, warm_s=15, after_s=5, **LOAD)
@@ -61,6 +55,7 @@ def test_rolling_restart_loses_no_request(cpu_image, lb_image):
     assert result["restart_output"].count("replaced in") == 2, "both replicas restarted"
     # The load ran through the whole restart, and the drain had work to do.
     assert result["during_restart"] >= 10 and result["streams"] >= 10 and result["shorts"] >= 10
+    assert result["longs"] >= 4 and max(result["long_tokens"]) > LOAD["stream_tokens"]
     if not BARE:
         assert sum(result["in_flight_at_sigterm"]) >= 1, result["in_flight_at_sigterm"]
     assert result["hung"] == 0, summary(result)

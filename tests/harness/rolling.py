@@ -26,6 +26,23 @@ REPLICAS_FILE = ROOT / "compose.replicas.yaml"
 BARE_FILE = ROOT / "bench" / "compose.bare-vllm.yaml"
 
 
+# The client load of the test and the bench: streams of 256 tokens (~1-3 s each on 2 idle cores),
+# 16-token completions, and long streams of ~15 s (sized from the rate the streams see): the LB's
+# drain step (5 s) ends no long stream, so each replica's own drain has work at its SIGTERM, which
+# it must finish within DRAIN_S.
+LOAD = dict(
+    streams=2,
+    shorts=2,
+    longs=2,
+    long_s=15,
+    stream_tokens=256,
+    short_tokens=16,
+    max_requests=4000,
+    max_seconds=900,
+)
+DRAIN_S = 60  # a long stream slowed down by a replica starting next to it still fits
+
+
 class Deployment:
     """N replicas of the CPU image behind the LB image, as one compose project."""
 
@@ -117,11 +134,12 @@ class Deployment:
 
 @dataclass
 class Request:
-    kind: str  # "stream" or "short"
+    kind: str  # "stream", "long" or "short"
     start: float  # monotonic
     end: float
     ok: bool  # a complete answer: every token, and `[DONE]` for a stream
     detail: str = ""  # why not, when not ok
+    tokens: int = 0  # asked for
 
     @property
     def latency(self) -> float:
@@ -129,8 +147,12 @@ class Request:
 
 
 class Load:
-    """`streams` threads of long streams and `shorts` threads of short completions, each sending
-    one request after the other to the LB until stop() or `max_requests` / `max_seconds`."""
+    """`streams` threads of streams, `shorts` threads of short completions and `longs` threads of
+    long streams, each sending one request after the other to the LB until stop() or
+    `max_requests` / `max_seconds`. A long stream is sized to last about `long_s` seconds at the
+    token rate the last streams saw: long enough to outlast the LB's drain step before SIGTERM (so
+    the replica's own drain has work), short enough to finish within the drain, on an idle or a
+    loaded host alike."""
 
     def __init__(
         self,
@@ -141,12 +163,16 @@ class Load:
         shorts: int = 2,
         stream_tokens: int = 300,
         short_tokens: int = 16,
+        longs: int = 0,
+        long_s: float = 15,
         max_requests: int = 5000,
         max_seconds: float = 900,
         timeout: float = 120,
     ):
         self.url, self.model, self.timeout = url, model, timeout
         self.stream_tokens, self.short_tokens = stream_tokens, short_tokens
+        self.long_s = long_s
+        self.rates: list[float] = []  # tokens/s of the last successful streams
         self.max_requests, self.deadline = max_requests, time.monotonic() + max_seconds
         self.done: list[Request] = []
         self.lock = threading.Lock()
@@ -154,7 +180,7 @@ class Load:
         self.started = time.monotonic()
         self.threads = [
             threading.Thread(target=self._loop, args=(kind,), daemon=True)
-            for kind in ["stream"] * streams + ["short"] * shorts
+            for kind in ["stream"] * streams + ["short"] * shorts + ["long"] * longs
         ]
         for t in self.threads:
             t.start()
@@ -164,29 +190,40 @@ class Load:
             with self.lock:
                 if len(self.done) >= self.max_requests:
                     return
-            r = self._stream() if kind == "stream" else self._short()
+            r = self._short() if kind == "short" else self._stream(kind)
             with self.lock:
                 self.done.append(r)
 
-    def _stream(self) -> Request:
+    def _stream(self, kind: str) -> Request:
         start = time.monotonic()
-        res = stream_completion(self.url, self.model, self.stream_tokens, timeout=self.timeout)
+        tokens = self.stream_tokens if kind == "stream" else self._long_tokens()
+        res = stream_completion(self.url, self.model, tokens, timeout=self.timeout)
         ok = (
             res.status == 200
             and res.done
             and not res.error
             and res.finish_reason == "length"
-            and res.tokens == self.stream_tokens
+            and res.tokens == tokens
         )
         detail = (
             ""
             if ok
             else (
                 f"status {res.status}, [DONE] {res.done}, finish {res.finish_reason}, "
-                f"tokens {res.tokens}/{self.stream_tokens}, error {res.error}"
+                f"tokens {res.tokens}/{tokens}, error {res.error}"
             )
         )
-        return Request("stream", start, res.ended, ok, detail)
+        if ok:
+            with self.lock:
+                self.rates = [*self.rates[-5:], tokens / max(res.ended - start, 0.01)]
+        return Request(kind, start, res.ended, ok, detail, tokens)
+
+    def _long_tokens(self) -> int:
+        with self.lock:
+            rate = statistics.median(self.rates) if self.rates else None
+        if rate is None:
+            return self.stream_tokens
+        return max(self.stream_tokens, min(int(rate * self.long_s), 8000))
 
     def _short(self) -> Request:
         start = time.monotonic()
@@ -261,7 +298,9 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
     # Warm-up: the first requests on a fresh replica are slow (~20 s on 2 busy cores); the steady
     # window must measure a warm service, as the restart window does.
     warm = Load(
-        dep.url, model, **dict(load_kw, shorts=2, streams=4, stream_tokens=64, max_requests=12)
+        dep.url,
+        model,
+        **dict(load_kw, shorts=2, streams=4, longs=0, stream_tokens=64, max_requests=12),
     )
     time.sleep(5)
     warm.stop(timeout=120)
@@ -291,6 +330,10 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
         "shorts": sum(r.kind == "short" for r in reqs),
         "failed_streams": sum(r.kind == "stream" for r in failed),
         "failed_shorts": sum(r.kind == "short" for r in failed),
+        "longs": sum(r.kind == "long" for r in reqs),
+        "failed_longs": sum(r.kind == "long" for r in failed),
+        "long_tokens": sorted({r.tokens for r in reqs if r.kind == "long"}),
+        "long_seconds": [round(r.latency, 1) for r in reqs if r.kind == "long" and r.ok],
         "hung": sum(r.kind == "hung" for r in reqs),
         "failures": [asdict(r) | {"at_s": round(r.start - t0, 1)} for r in failed][:20],
         "during_restart": sum(t0 <= r.start < t1 for r in reqs),
@@ -301,7 +344,7 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
                 "steady": latencies(reqs, kind, load.started, t0),
                 "restart": latencies(reqs, kind, t0, t1),
             }
-            for kind in ("short", "stream")
+            for kind in ("short", "stream", "long")
         },
     }
 
@@ -313,12 +356,13 @@ def summary(result: dict) -> str:
         f"{'bare vllm serve' if result['bare'] else 'entrypoint.py'}: "
         f"{result['failed']} failed / {result['total']} requests "
         f"({result['failed_streams']}/{result['streams']} streams, "
-        f"{result['failed_shorts']}/{result['shorts']} short, {result['hung']} hung); "
+        f"{result['failed_shorts']}/{result['shorts']} short, "
+        f"{result['failed_longs']}/{result['longs']} long, {result['hung']} hung); "
         f"{result['during_restart']} sent during the {result['restart_s']} s rolling restart "
         f"(exit {result['restart_exit']}); in flight at each SIGTERM {result['in_flight_at_sigterm']}; "
         f"replayed by the LB {result['lb_replayed']}"
     ]
-    for kind in ("short", "stream"):
+    for kind in ("short", "stream", "long"):
         s, r = lat[kind]["steady"], lat[kind]["restart"]
         lines.append(
             f"  {kind} latency p50/p99 s: steady {f(s['p50'])}/{f(s['p99'])} (n {s['n']}), "
