@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import psutil
 import requests
 
+from vllm_intel.supervisor import janitor
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
 OLD_VLLM = "0.27.1"  # the oldest release we test that still lacks the CPU no-op fix
@@ -317,14 +319,14 @@ def alive(pids: list[int]) -> list[int]:
 
 
 def shm_segments(pids: list[int]) -> set[str]:
-    """/dev/shm files the given processes have mapped or open (what a server must clean up)."""
-    found = set()
+    """/dev/shm files the given processes map or have open (what a server must clean up), by inode
+    as the janitor decides it (a live semaphore is mapped under a deleted temporary name)."""
+    procs = []
     for pid in pids:
         try:
-            proc = psutil.Process(pid)
-            paths = [m.path for m in proc.memory_maps(grouped=False)]
-            paths += [f.path for f in proc.open_files()]
+            procs.append(psutil.Process(pid))
         except psutil.Error:
-            continue
-        found |= {p.replace(" (deleted)", "") for p in paths if p.startswith("/dev/shm/")}
-    return found
+            pass
+    used = janitor.files_in_use(procs)
+    shm = pathlib.Path("/dev/shm")
+    return {str(p) for p in shm.iterdir() if janitor.inode(p) in used}

@@ -159,7 +159,7 @@ def test_observer_summary_is_relative_to_the_drain():
 # ---------------------------------------------------------------------------------- janitor
 
 
-def _inode(path):
+def inode(path):
     st = os.stat(path)
     return (st.st_dev, st.st_ino)
 
@@ -170,8 +170,8 @@ def test_files_in_use_sees_this_process_mapping_a_file(tmp_path):
     path = tmp_path / "psm_mapped"
     path.write_bytes(b"x" * 4096)
     with open(path, "r+b") as f, mmap.mmap(f.fileno(), 4096):
-        assert _inode(path) in janitor.files_in_use()
-    assert _inode(path) not in janitor.files_in_use()
+        assert inode(path) in janitor.files_in_use()
+    assert inode(path) not in janitor.files_in_use()
 
 
 # ---------------------------------------------------------------------------------- probes

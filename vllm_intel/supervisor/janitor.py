@@ -92,15 +92,7 @@ def vllm_entries(shm_dir: pathlib.Path) -> list[pathlib.Path]:
 
 
 def entries_used_by(shm_dir: pathlib.Path, used: set[tuple[int, int]]) -> set[str]:
-    names = set()
-    for entry in vllm_entries(shm_dir):
-        try:
-            st = entry.stat()
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) in used:
-            names.add(entry.name)
-    return names
+    return {entry.name for entry in vllm_entries(shm_dir) if inode(entry) in used}
 
 
 def tree_of(pid: int) -> list[psutil.Process]:
@@ -252,7 +244,7 @@ def sweep(
             if used is None:
                 used = in_use()
             present = [shm_dir / n for n in names if (shm_dir / n).exists()]
-            busy = [p for p in present if _inode(p) in used]
+            busy = [p for p in present if inode(p) in used]
             out.removed += remove([p for p in present if p not in busy])
             if busy:  # a dying process still maps them: keep the claim for the next sweep
                 _rewrite(fd, {**data, "shm": [p.name for p in busy]})
@@ -272,7 +264,7 @@ def sweep(
     return out
 
 
-def _inode(path: pathlib.Path) -> tuple[int, int] | None:
+def inode(path: pathlib.Path) -> tuple[int, int] | None:
     try:
         st = path.stat()
         return (st.st_dev, st.st_ino)
