@@ -23,7 +23,7 @@ model: ## Build the built-in tiny offline model into build/tiny-llama
 	@$(VENV)/bin/python tools/build_tiny_model.py $(MODEL)
 
 run: setup ## Serve the built-in tiny model on :8000 through entrypoint.py (Ctrl-C drains and exits)
-	@VLLM_CPU_KVCACHE_SPACE=$${VLLM_CPU_KVCACHE_SPACE:-1} HF_HUB_OFFLINE=1 $(VENV)/bin/python entrypoint.py
+	@HF_HUB_OFFLINE=1 $(VENV)/bin/python entrypoint.py
 
 patches: ## Print the patch table for the local vLLM venv
 	@$(VENV)/bin/python entrypoint.py patches

@@ -1,5 +1,5 @@
 """`entrypoint.py` subcommands: serve (set up, spawn, loop, clean up), patches, probe,
-grace-period, help."""
+grace-period, plan, help."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import pathlib
 import sys
 import tempfile
 
-from . import settings
+from . import resources, settings
 from .settings import ConfigError, Exit, log
 
 
-def child_env(run_dir: pathlib.Path) -> dict[str, str]:
+def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    # The CPU plan's values; the plan never holds a variable the user set (those are "yours").
+    env.update(planned or {})
     # vLLM's sockets, inductor's scratch files and vllm_dist_* files land here and go with it.
     env["TMPDIR"] = str(run_dir)
     env["VLLM_RPC_BASE_PATH"] = str(run_dir)
@@ -32,6 +34,7 @@ def serve(args: list[str]) -> int:
         return Exit.NOT_FOUND
     settings.check_tmpdir()
     probe_port = settings.probe_port()
+    plan = make_plan(cfg)  # may raise ConfigError: memory limit too small
     # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
     from . import janitor, probes
     from .loop import Supervisor
@@ -39,17 +42,37 @@ def serve(args: list[str]) -> int:
     tmp = pathlib.Path(tempfile.gettempdir())
     sup = Supervisor(cfg, settings.state_file(cfg.port))
     with janitor.run_dir(tmp, settings.shm_dir(), sup.state_path) as run:
+        # After the sweep (a dead run's segments no longer count), before anything starts.
+        resources.check_shm(settings.shm_dir(), plan.shm_needed)
+        log(plan.line())
+        if plan.affinity:
+            # Inherited by every vLLM process: API server, engine core, workers.
+            os.sched_setaffinity(0, plan.affinity)
         Supervisor.block_signals()
         if probe_port is not None:
             try:
                 probes.serve_http(probe_port, cfg.port, lambda: sup.state)
             except OSError as e:
                 raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
-        failed = sup.spawn(child_env(run.path))
+        failed = sup.spawn(child_env(run.path, plan.env))
         if failed is not None:
             return failed
         run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim
         return sup.run()
+
+
+def make_plan(cfg: settings.ServeConfig) -> resources.Plan:
+    return resources.plan(
+        cfg.flags or [], cfg.model, resources.read_limits(), settings.device(), os.environ
+    )
+
+
+def show_plan(args: list[str]) -> int:
+    """`entrypoint.py plan [MODEL] [FLAGS]`: the plan `serve` with these arguments would use."""
+    p = make_plan(settings.serve_config(args))
+    print(p.line())
+    resources.check_shm(settings.shm_dir(), p.shm_needed)
+    return 0
 
 
 def patches(args: list[str]) -> int:
@@ -84,6 +107,7 @@ COMMANDS = {
     "patches": patches,
     "probe": probe,
     "grace-period": grace_period,
+    "plan": show_plan,
     "-h": show_help,
     "--help": show_help,
     "help": show_help,
@@ -95,7 +119,7 @@ def main(argv: list[str]) -> int:
     try:
         if cmd not in COMMANDS:
             raise ConfigError(
-                f"unknown subcommand {cmd!r} (expected serve, patches, probe, grace-period)"
+                f"unknown subcommand {cmd!r} (expected serve, patches, probe, grace-period, plan)"
             )
         return COMMANDS[cmd](rest)
     except ConfigError as e:

@@ -69,7 +69,8 @@ EXIT_CODES = (
     (
         str(Exit.CONFIG.value),
         "configuration error, nothing started (bad drain value, missing model "
-        "path, unknown subcommand, bad patch name, too long `TMPDIR`)",
+        "path, unknown subcommand, bad patch name, too long `TMPDIR`) or a container too "
+        "small for vLLM (`/dev/shm`, memory limit)",
     ),
     (
         str(Exit.UNEXPECTED.value),
@@ -136,7 +137,20 @@ SETTINGS = (
         "the supervisor answers `GET /ready` and `GET /live` (200 or 503) on this port: "
         "Kubernetes httpGet probes, and `probe ready|live` without `--port` asks it",
     ),
-    Setting("INTEL_VLLM_SHM_DIR", "`/dev/shm`", "where vLLM's shared memory leftovers are swept"),
+    Setting(
+        "INTEL_VLLM_SHM_DIR",
+        "`/dev/shm`",
+        "where vLLM's shared memory leftovers are swept, and whose free space the preflight "
+        "checks against what vLLM's message queues need",
+    ),
+    Setting(
+        "INTEL_VLLM_CPU_PLAN",
+        "`1`",
+        "CPU image: `1` = size OpenMP threads and their CPUs from the CPU quota and "
+        "`VLLM_CPU_KVCACHE_SPACE` from the memory limit (see `entrypoint.py plan`); `0` = leave "
+        "vLLM's own defaults. Your own `VLLM_CPU_OMP_THREADS_BIND` / `VLLM_CPU_KVCACHE_SPACE` "
+        "always win.",
+    ),
     Setting(
         "INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
         "all, none, off",
@@ -149,7 +163,9 @@ entrypoint.py                          serve the built-in model ($INTEL_VLLM_MOD
 entrypoint.py serve [MODEL] [FLAGS]    vllm serve MODEL FLAGS (flags passed through untouched)
 entrypoint.py patches                  patch table: name, state, reason
 entrypoint.py probe ready|live [--port N]   exit 0/1 (compose healthcheck, exec probes)
-entrypoint.py grace-period             the orchestrator grace period for the current settings"""
+entrypoint.py grace-period             the orchestrator grace period for the current settings
+entrypoint.py plan [MODEL] [FLAGS]     what the container gives (CPUs, quota, memory, /dev/shm)
+                                       and the threads / KV cache serve would use; exit 64 if short"""
 
 
 class ConfigError(Exception):
@@ -250,6 +266,8 @@ class ServeConfig:
     port: int
     drain: int
     notes: list[str]
+    model: str | None = None  # positional or --model (for the CPU plan's weight size)
+    flags: list[str] | None = None  # the vLLM flags as passed on
 
 
 def serve_config(args: list[str], env=os.environ) -> ServeConfig:
@@ -284,7 +302,14 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
         ]
         flags += ["--shutdown-timeout", str(drain)]
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
-    return ServeConfig(argv + ([model] if model else []) + flags, port, drain, notes)
+    return ServeConfig(
+        argv + ([model] if model else []) + flags,
+        port,
+        drain,
+        notes,
+        model or flag_value(flags, "--model"),
+        flags,
+    )
 
 
 def check_tmpdir() -> None:

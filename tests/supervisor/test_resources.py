@@ -1,0 +1,260 @@
+"""The CPU plan and the preflight over fake cgroup / sysfs trees (vllm_intel.supervisor.resources):
+quota below, equal to and above the affinity set, memory limits, cgroup v1 and v2, no limits,
+the user's values winning, and the one-line errors."""
+
+from __future__ import annotations
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import ROOT
+from vllm_intel.supervisor import resources as r
+from vllm_intel.supervisor.settings import ConfigError, Exit
+
+GiB, MiB = r.GiB, r.MiB
+
+
+def tree(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+    return root
+
+
+def sysfs(root: pathlib.Path, nodes: dict[int, str], siblings: dict[int, int] | None = None):
+    """nodes: node -> cpulist; siblings: cpu -> core id (default: every CPU its own core)."""
+    files = {f"node/node{n}/cpulist": cpus for n, cpus in nodes.items()}
+    for cpus in nodes.values():
+        for c in r.parse_cpu_list(cpus):
+            core = (siblings or {}).get(c, c)
+            files[f"cpu/cpu{c}/topology/core_id"] = str(core)
+            files[f"cpu/cpu{c}/topology/physical_package_id"] = "0"
+    return tree(root, files)
+
+
+def v2(tmp_path, cpu_max="max", memory_max="max", cpuset=None, extra=None):
+    files = {
+        "cgroup.controllers": "cpuset cpu memory",
+        "cpu.max": cpu_max,
+        "memory.max": memory_max,
+    }
+    if cpuset:
+        files["cpuset.cpus.effective"] = cpuset
+    return tree(tmp_path / "cg", {**files, **(extra or {})})
+
+
+def limits(tmp_path, cg, cpus=range(4), nodes=None, siblings=None, self_cgroup=""):
+    sys_root = sysfs(tmp_path / "sys", nodes or {0: r.format_cpu_list(cpus)}, siblings)
+    return r.read_limits(cg, sys_root, affinity=set(cpus), self_cgroup=self_cgroup)
+
+
+def plan(lim, flags=(), env=None, model=None):
+    return r.plan(list(flags), model, lim, "cpu", env or {})
+
+
+# ---------------------------------------------------------------------------- reading limits
+
+
+def test_v2_quota_memory_and_cpuset(tmp_path):
+    lim = limits(tmp_path, v2(tmp_path, "150000 100000", str(6 * GiB), cpuset="0-2"))
+    assert (lim.cgroup, lim.quota, lim.memory, lim.cpus) == ("v2", 1.5, 6 * GiB, (0, 1, 2))
+
+
+def test_v2_limit_of_an_ancestor_applies(tmp_path):
+    """A pod's limit sits on the pod's cgroup, the container's own one says max."""
+    cg = v2(tmp_path, extra={"pod/cpu.max": "50000 100000", "pod/c1/cpu.max": "max 100000"})
+    lim = limits(tmp_path, cg, self_cgroup="0::/pod/c1\n")
+    assert lim.quota == 0.5
+
+
+def test_v1_quota_and_memory(tmp_path):
+    cg = tree(
+        tmp_path / "cg",
+        {
+            "cpu,cpuacct/cpu.cfs_quota_us": "200000",
+            "cpu,cpuacct/cpu.cfs_period_us": "100000",
+            "memory/memory.limit_in_bytes": str(4 * GiB),
+            "cpuset/cpuset.effective_cpus": "0-3",
+        },
+    )
+    lim = limits(tmp_path, cg)
+    assert (lim.cgroup, lim.quota, lim.memory) == ("v1", 2.0, 4 * GiB)
+
+
+def test_v1_unlimited(tmp_path):
+    cg = tree(
+        tmp_path / "cg",
+        {
+            "cpu/cpu.cfs_quota_us": "-1",
+            "cpu/cpu.cfs_period_us": "100000",
+            "memory/memory.limit_in_bytes": "9223372036854771712",
+        },
+    )
+    lim = limits(tmp_path, cg)
+    assert (lim.cgroup, lim.quota, lim.memory) == ("v1", None, None)
+
+
+def test_no_cgroup_at_all(tmp_path):
+    (tmp_path / "cg").mkdir()
+    lim = limits(tmp_path, tmp_path / "cg")
+    assert (lim.cgroup, lim.quota, lim.memory, lim.cpus) == ("none", None, None, (0, 1, 2, 3))
+    p = plan(lim)
+    assert p.env == {"VLLM_CPU_KVCACHE_SPACE": "1"} and p.affinity is None
+
+
+# ---------------------------------------------------------------------------- threads
+
+
+@pytest.mark.parametrize(
+    "quota, bind, affinity",
+    [
+        ("100000 100000", "0", [0]),  # 1 CPU of 4: one thread, everything on that CPU
+        ("150000 100000", "0", [0]),  # floor: 1.5 CPUs -> 1
+        ("50000 100000", "0", [0]),  # below one CPU: still one (vLLM needs one per worker)
+        ("300000 100000", "0-1", [0, 1, 2]),  # 3 CPUs: 2 threads + 1 for the engine core
+    ],
+)
+def test_quota_below_the_affinity_set_binds_floor_quota_cpus(tmp_path, quota, bind, affinity):
+    p = plan(limits(tmp_path, v2(tmp_path, quota)))
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == bind
+    assert p.affinity == affinity
+    assert f"VLLM_CPU_OMP_THREADS_BIND={bind}" in p.line()
+
+
+@pytest.mark.parametrize("quota", ["400000 100000", "800000 100000", "max 100000"])
+def test_quota_equal_or_above_or_none_leaves_vllm_auto(tmp_path, quota):
+    p = plan(limits(tmp_path, v2(tmp_path, quota)))
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in p.env and p.affinity is None
+    assert "vLLM auto over the 4 allowed CPUs" in p.line()
+
+
+def test_smt_siblings_one_thread_per_physical_core(tmp_path):
+    """Intel numbering: CPUs 0/2 and 1/3 are siblings; vLLM binds the highest sibling."""
+    lim = limits(tmp_path, v2(tmp_path, "200000 100000"), siblings={0: 0, 2: 0, 1: 1, 3: 1})
+    p = plan(lim)
+    assert p.affinity == [2, 3] and p.env["VLLM_CPU_OMP_THREADS_BIND"] == "2"
+
+
+def test_tensor_parallel_ranks_one_numa_node_each(tmp_path):
+    lim = limits(tmp_path, v2(tmp_path, "400000 100000"), range(8), nodes={0: "0-3", 1: "4-7"})
+    p = plan(lim, ["--tensor-parallel-size", "2"])
+    # 2 CPUs per rank on its own node; vLLM's auto binding keeps one CPU per worker for the
+    # engine core, so does the plan
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|4"
+    assert p.affinity == [0, 1, 4, 5]
+
+
+def test_tensor_parallel_larger_than_the_cpus_is_one_line_error(tmp_path):
+    lim = limits(tmp_path, v2(tmp_path, "100000 100000"), range(2))
+    with pytest.raises(ConfigError, match="3 vLLM CPU workers"):
+        plan(lim, ["-tp", "3"])
+
+
+def test_users_bind_wins_and_is_logged_as_yours(tmp_path):
+    lim = limits(tmp_path, v2(tmp_path, "100000 100000"))
+    p = plan(lim, env={"VLLM_CPU_OMP_THREADS_BIND": "1-3"})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in p.env and p.affinity is None
+    assert "VLLM_CPU_OMP_THREADS_BIND=1-3 (yours)" in p.line()
+
+
+def test_plan_off_sets_nothing(tmp_path):
+    p = plan(
+        limits(tmp_path, v2(tmp_path, "100000 100000", str(8 * GiB))),
+        env={"INTEL_VLLM_CPU_PLAN": "0"},
+    )
+    assert p.env == {} and p.affinity is None and "plan: off" in p.line()
+    with pytest.raises(ConfigError, match="INTEL_VLLM_CPU_PLAN"):
+        plan(limits(tmp_path, v2(tmp_path)), env={"INTEL_VLLM_CPU_PLAN": "yes"})
+
+
+# ---------------------------------------------------------------------------- KV cache / memory
+
+
+def test_kv_cache_from_memory_max(tmp_path):
+    p = plan(limits(tmp_path, v2(tmp_path, memory_max=str(8 * GiB))))
+    # 8 GiB - 10 % - 2 GiB runtime - 400 MiB shm = 4.8 GiB -> 4
+    assert p.env["VLLM_CPU_KVCACHE_SPACE"] == "4"
+
+
+def test_kv_cache_counts_local_weights(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    with open(model / "model.safetensors", "wb") as f:
+        f.truncate(2 * GiB)  # sparse: size without the disk
+    p = plan(limits(tmp_path, v2(tmp_path, memory_max=str(8 * GiB))), model=str(model))
+    assert p.env["VLLM_CPU_KVCACHE_SPACE"] == "2"
+
+
+def test_no_memory_limit_keeps_one_gib(tmp_path):
+    assert plan(limits(tmp_path, v2(tmp_path)), []).env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_memory_too_small_is_one_line_error_naming_the_fix(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        plan(limits(tmp_path, v2(tmp_path, memory_max=str(2 * GiB))))
+    msg = str(e.value)
+    assert (
+        "\n" not in msg and "--memory" in msg and "limits.memory" in msg and "at least 4 GiB" in msg
+    )
+
+
+def test_users_kv_wins_and_is_checked(tmp_path):
+    lim = limits(tmp_path, v2(tmp_path, memory_max=str(8 * GiB)))
+    p = plan(lim, env={"VLLM_CPU_KVCACHE_SPACE": "5"})
+    assert "VLLM_CPU_KVCACHE_SPACE" not in p.env and "5 GiB (yours)" in p.line()
+    with pytest.raises(ConfigError, match="VLLM_CPU_KVCACHE_SPACE=6 GiB .* at least 9 GiB"):
+        plan(lim, env={"VLLM_CPU_KVCACHE_SPACE": "6"})
+
+
+# ---------------------------------------------------------------------------- /dev/shm
+
+
+def test_shm_requirement_is_vllms_ring_buffers():
+    """TP=1: the executor's broadcast queue (16 MiB x 10) + the worker's response queue
+    (24 MiB x 10), each chunk with 1 + readers flag bytes (shm_broadcast.ShmRingBuffer)."""
+    assert r.shm_segments([], {}) == [
+        ("executor broadcast queue", (16 * MiB + 2) * 10),
+        ("worker response queue", (24 * MiB + 2) * 10),
+    ]
+    assert sum(s for _, s in r.shm_segments([], {"VLLM_MQ_MAX_CHUNK_BYTES_MB": "4"})) == (
+        (4 * MiB + 2) * 10 + (24 * MiB + 2) * 10
+    )
+    arena = dict(r.shm_segments(["--enable-shm-tensor-arena"], {}))["tensor arena"]
+    assert arena == (256 * MiB + 2) * 8
+
+
+def test_shm_too_small_is_one_line_error_naming_the_fixes(tmp_path):
+    free = __import__("shutil").disk_usage(tmp_path).free
+    r.check_shm(tmp_path, 400 * MiB)  # plenty here
+    with pytest.raises(ConfigError) as e:
+        r.check_shm(tmp_path, free + GiB)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert "docker run --shm-size=" in msg and "shm_size" in msg and "emptyDir" in msg
+
+
+def test_plan_subcommand_prints_one_line(tmp_path, tiny_model):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "entrypoint.py"), "plan", str(tiny_model)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "INTEL_VLLM_SHM_DIR": str(tmp_path)},
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("plan: cgroup ") and out.stdout.count("\n") == 1
+    assert "VLLM_CPU_KVCACHE_SPACE=" in out.stdout
+
+
+def test_plan_subcommand_exits_64_when_memory_is_short(tmp_path, tiny_model):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "entrypoint.py"), "plan", str(tiny_model)],
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "VLLM_CPU_KVCACHE_SPACE": "x"},
+    )
+    assert out.returncode == Exit.CONFIG
+    assert out.stderr.count("\n") == 1 and "VLLM_CPU_KVCACHE_SPACE must be whole GiB" in out.stderr

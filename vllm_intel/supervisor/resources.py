@@ -1,0 +1,427 @@
+"""What the container gives vLLM (CPUs, CPU quota, memory limit, NUMA nodes, /dev/shm) and the
+plan that fits vLLM's CPU backend into it: OpenMP threads, the CPUs vLLM's processes may use, the
+KV cache size, and the preflight checks that fail in one line before anything starts.
+
+Read-only and cheap (a few small files under /sys, no vLLM import): `entrypoint.py plan` and
+`entrypoint.py serve` both use it. The roots (/sys/fs/cgroup, /sys/devices/system) are parameters
+so that tests can hand it fake trees.
+
+Why a plan at all: vLLM's CPU worker sizes its OpenMP threads from the affinity mask
+(vllm/utils/ompmultiprocessing.py, `VLLM_CPU_OMP_THREADS_BIND=auto`: one logical CPU per physical
+core of the allowed set, minus one reserved CPU per worker for the engine core), never from the CFS
+quota (`docker --cpus`, Kubernetes limits.cpu). Under a quota smaller than the affinity set, its
+processes run spread over more CPUs than they may use and get throttled; confining them to
+floor(quota) CPUs makes a quota behave like a cpuset. And its KV cache is either a fixed
+`VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import shutil
+from dataclasses import dataclass, field
+
+from .settings import ConfigError, flag_value
+
+MiB = 1 << 20
+GiB = 1 << 30
+CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
+SYS_ROOT = pathlib.Path("/sys/devices/system")
+V1_UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a value near PAGE_COUNTER_MAX
+
+# Memory the vLLM processes take besides weights, KV cache and /dev/shm: three Python processes
+# with torch (API server, engine core, worker), inductor's compiled kernels, activations.
+# An estimate, not yet measured: the CPU image serves the built-in model under --memory 4g
+# (tests/container/test_limits.py) with it, which is all that is checked.
+RUNTIME_BYTES = 2 * GiB
+KV_DEFAULT_GIB = 1  # no memory limit: what the images always used (fits the built-in model)
+MEMORY_HEADROOM = 0.10  # of memory.max, kept free for activation peaks and fragmentation
+
+# vLLM's shared memory (vllm/distributed/device_communicators/shm_broadcast.py,
+# vllm/v1/executor/multiproc_executor.py, identical in 0.27.1 and 0.32.0): the executor's
+# broadcast MessageQueue (VLLM_MQ_MAX_CHUNK_BYTES_MB chunks x 10) and one response MessageQueue
+# per worker (24 MiB chunks x 10), each a ShmRingBuffer of (chunk + 1 + readers) x chunks bytes;
+# with --enable-shm-tensor-arena an arena of 8 x 256 MiB slots; with TP/PP > 1 a broadcaster of
+# 6 x 4 MiB chunks per group. vLLM's check_shm_free_space() checks each segment alone when it is
+# created, but every chunk of a ring buffer is written as messages go round, so all of them end up
+# resident: too small a /dev/shm then fails later, with SIGBUS.
+MQ_CHUNKS = 10
+MQ_RESPONSE_CHUNK = 24 * MiB
+ARENA_SLOTS, ARENA_SLOT = 8, 256 * MiB
+GROUP_MQ_CHUNKS, GROUP_MQ_CHUNK = 6, 4 * MiB
+
+
+def ring_buffer_bytes(chunk: int, chunks: int, readers: int) -> int:
+    """ShmRingBuffer.total_bytes_of_buffer: (max_chunk_bytes + 1 + n_reader) * max_chunks."""
+    return (chunk + 1 + readers) * chunks
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    """'0-2,4' -> [0, 1, 2, 4] (the kernel's cpulist format)."""
+    out: set[int] = set()
+    for part in text.strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(out)
+
+
+def format_cpu_list(cpus) -> str:
+    """[0, 1, 2, 4] -> '0-2,4'."""
+    cpus, runs = sorted(cpus), []
+    for c in cpus:
+        if runs and c == runs[-1][1] + 1:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c])
+    return ",".join(f"{a}-{b}" if b > a else str(a) for a, b in runs)
+
+
+def _read(path: pathlib.Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text not in (None, "", "max") else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What this process may use. quota: CPUs (cpu.max / cfs_quota) or None; memory: bytes or
+    None; cpus: the affinity mask within the cpuset; nodes: NUMA node -> its allowed CPUs;
+    cores: CPU -> (package, core) so that SMT siblings can be told apart."""
+
+    cgroup: str  # "v2", "v1" or "none"
+    cpus: tuple[int, ...]
+    quota: float | None
+    memory: int | None
+    nodes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    cores: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        quota = "no CPU quota" if self.quota is None else f"quota {self.quota:g} CPUs"
+        mem = (
+            "no memory limit" if self.memory is None else f"memory.max {self.memory / GiB:.1f} GiB"
+        )
+        return (
+            f"cgroup {self.cgroup}: CPUs {format_cpu_list(self.cpus)} ({len(self.cpus)}), "
+            f"{quota}, {mem}, {len(self.nodes) or 1} NUMA node(s)"
+        )
+
+
+def _own_paths(self_cgroup: str) -> dict[str, str]:
+    """controller -> this process's cgroup path, from /proc/self/cgroup ('' key = v2)."""
+    paths = {}
+    for line in self_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            for ctrl in parts[1].split(",") if parts[1] else [""]:
+                paths[ctrl] = parts[2].strip()
+    return paths
+
+
+def _walk(base: pathlib.Path, own: str) -> list[pathlib.Path]:
+    """This process's cgroup directory and its ancestors up to the mount (a limit anywhere above
+    applies too). In a container with its own cgroup namespace, or with its cgroup mounted at the
+    root (Docker on v1), the path does not exist below the mount: then only the mount itself."""
+    dirs, path = [], base / own.lstrip("/") if own else base
+    while True:
+        if path.is_dir():
+            dirs.append(path)
+        if path == base or base not in path.parents:
+            break
+        path = path.parent
+    return dirs or [base]
+
+
+def _min(values) -> int | float | None:
+    found = [v for v in values if v is not None]
+    return min(found) if found else None
+
+
+def read_limits(
+    cgroup_root: pathlib.Path = CGROUP_ROOT,
+    sys_root: pathlib.Path = SYS_ROOT,
+    affinity: set[int] | None = None,
+    self_cgroup: str | None = None,
+) -> Limits:
+    if affinity is None:
+        affinity = set(os.sched_getaffinity(0))
+    if self_cgroup is None:
+        self_cgroup = _read(pathlib.Path("/proc/self/cgroup")) or ""
+    own = _own_paths(self_cgroup)
+    cpus, quota, memory = set(affinity), None, None
+    if (cgroup_root / "cgroup.controllers").exists():
+        kind = "v2"
+        dirs = _walk(cgroup_root, own.get("", ""))
+
+        def v2_quota(d):
+            parts = (_read(d / "cpu.max") or "max").split()
+            q, period = _int(parts[0]), _int(parts[1]) if len(parts) > 1 else 100000
+            return q / period if q and period else None
+
+        quota = _min(v2_quota(d) for d in dirs)
+        memory = _min(_int(_read(d / "memory.max")) for d in dirs)
+        cpuset = _read(dirs[0] / "cpuset.cpus.effective")
+        if cpuset:
+            cpus &= set(parse_cpu_list(cpuset))
+    elif any((cgroup_root / c).is_dir() for c in ("cpu", "cpu,cpuacct", "memory")):
+        kind = "v1"
+        cpu_dir = next(
+            (cgroup_root / c for c in ("cpu", "cpu,cpuacct") if (cgroup_root / c).is_dir()), None
+        )
+        if cpu_dir is not None:
+
+            def v1_quota(d):
+                q = _int(_read(d / "cpu.cfs_quota_us"))
+                period = _int(_read(d / "cpu.cfs_period_us"))
+                return q / period if q and q > 0 and period else None
+
+            quota = _min(v1_quota(d) for d in _walk(cpu_dir, own.get("cpu", "")))
+        mem_dir = cgroup_root / "memory"
+        if mem_dir.is_dir():
+            values = (
+                _int(_read(d / "memory.limit_in_bytes"))
+                for d in _walk(mem_dir, own.get("memory", ""))
+            )
+            memory = _min(v for v in values if v is not None and v < V1_UNLIMITED)
+        cpuset = _read(
+            _walk(cgroup_root / "cpuset", own.get("cpuset", ""))[0] / "cpuset.effective_cpus"
+        )
+        if cpuset:
+            cpus &= set(parse_cpu_list(cpuset))
+    else:
+        kind = "none"
+    cpus = cpus or set(affinity)
+    nodes = {}
+    for node_dir in sorted((sys_root / "node").glob("node[0-9]*")):
+        listed = _read(node_dir / "cpulist")
+        if listed is not None:
+            mine = tuple(c for c in parse_cpu_list(listed) if c in cpus)
+            if mine:
+                nodes[int(node_dir.name[4:])] = mine
+    cores = {}
+    for c in cpus:
+        topo = sys_root / "cpu" / f"cpu{c}" / "topology"
+        pkg, core = _int(_read(topo / "physical_package_id")), _int(_read(topo / "core_id"))
+        cores[c] = (pkg or 0, core if core is not None else 100000 + c)
+    return Limits(kind, tuple(sorted(cpus)), quota, memory, nodes, cores)
+
+
+# ------------------------------------------------------------------------------------- plan
+
+PLANNED = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+
+
+def _int_flag(flags: list[str], names: tuple[str, ...], default: int = 1) -> int:
+    for name in names:
+        value = flag_value(flags, name)
+        if value is not None:
+            if not value.strip().isdigit() or int(value) < 1:
+                raise ConfigError(f"{name} must be a whole number >= 1, not {value!r}")
+            return int(value)
+    return default
+
+
+def shm_segments(flags: list[str], env=os.environ) -> list[tuple[str, int]]:
+    """The shared memory segments vLLM creates for `vllm serve FLAGS` on one node (see above)."""
+    tp = _int_flag(flags, ("--tensor-parallel-size", "-tp"))
+    pp = _int_flag(flags, ("--pipeline-parallel-size", "-pp"))
+    workers = tp * pp
+    chunk_mb = env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", "16")
+    if not chunk_mb.strip().isdigit():
+        raise ConfigError(f"VLLM_MQ_MAX_CHUNK_BYTES_MB must be a whole number, not {chunk_mb!r}")
+    segs = [
+        ("executor broadcast queue", ring_buffer_bytes(int(chunk_mb) * MiB, MQ_CHUNKS, workers))
+    ]
+    segs += [
+        ("worker response queue", ring_buffer_bytes(MQ_RESPONSE_CHUNK, MQ_CHUNKS, 1))
+    ] * workers
+    if workers > 1:
+        groups = (tp > 1) + (pp > 1)
+        segs += [
+            ("TP/PP group broadcaster", ring_buffer_bytes(GROUP_MQ_CHUNK, GROUP_MQ_CHUNKS, workers))
+        ] * (groups * workers)
+    if "--enable-shm-tensor-arena" in flags:
+        segs.append(("tensor arena", ring_buffer_bytes(ARENA_SLOT, ARENA_SLOTS, workers)))
+    return segs
+
+
+def weights_bytes(model: str | None) -> int | None:
+    """Size of a local model's weight files; None when the model is not a local directory."""
+    if not model:
+        return None
+    path = pathlib.Path(model).expanduser()
+    if not path.is_dir():
+        return None
+    exts = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.name.endswith(exts))
+
+
+def pick_cpus(limits: Limits, count: int) -> list[int]:
+    """`count` CPUs of the allowed set the way vLLM's auto binding orders them: NUMA node by
+    node, one logical CPU per physical core first (the highest sibling, as vLLM does on x86),
+    then the other siblings."""
+    by_node = limits.nodes or {0: limits.cpus}
+    first, rest = [], []
+    for node in sorted(by_node):
+        seen: dict[tuple[int, int], list[int]] = {}
+        for c in sorted(by_node[node]):
+            seen.setdefault(limits.cores.get(c, (0, c)), []).append(c)
+        for siblings in seen.values():
+            first.append(siblings[-1])
+            rest.extend(siblings[:-1])
+    return (first + rest)[:count]
+
+
+@dataclass
+class Plan:
+    limits: Limits
+    device: str
+    env: dict[str, str]  # set in vLLM's environment by the entrypoint
+    yours: dict[str, str]  # the user's values, kept as they are
+    affinity: list[int] | None  # CPUs vLLM's processes are confined to (None: unchanged)
+    threads: str  # how the OpenMP threads are decided, for the log line
+    kv: str  # how the KV cache is sized, for the log line
+    shm_needed: int
+    enabled: bool = True
+
+    def line(self) -> str:
+        if not self.enabled:
+            return (
+                f"plan: off (INTEL_VLLM_CPU_PLAN=0), vLLM's own defaults; {self.limits.describe()}"
+            )
+        if self.device != "cpu":
+            return f"plan: {self.device}: no CPU plan; {self.limits.describe()}"
+        parts = [f"{k}={v}" for k, v in self.env.items()]
+        parts += [f"{k}={v} (yours)" for k, v in self.yours.items()]
+        return (
+            f"plan: {self.limits.describe()} -> threads: {self.threads}; KV cache: {self.kv}; "
+            f"/dev/shm need {self.shm_needed / MiB:.0f} MiB; env: {' '.join(parts) or 'nothing'}"
+        )
+
+
+def plan(
+    flags: list[str], model: str | None, limits: Limits, device: str = "cpu", env=os.environ
+) -> Plan:
+    """The plan for `vllm serve [MODEL] FLAGS` in `limits`. Raises ConfigError when the
+    container cannot hold what vLLM needs (memory)."""
+    segments = shm_segments(flags, env)
+    shm_needed = sum(size for _, size in segments)
+    enabled = env.get("INTEL_VLLM_CPU_PLAN", "1") != "0"
+    if env.get("INTEL_VLLM_CPU_PLAN", "1") not in ("0", "1"):
+        raise ConfigError(f"INTEL_VLLM_CPU_PLAN must be 0 or 1, not {env['INTEL_VLLM_CPU_PLAN']!r}")
+    p = Plan(limits, device, {}, {}, None, "vLLM's", "vLLM's", shm_needed, enabled)
+    if device != "cpu":
+        return p
+    yours = {k: env[k] for k in PLANNED if env.get(k)}
+    p.yours = yours
+    workers = _int_flag(flags, ("--tensor-parallel-size", "-tp")) * _int_flag(
+        flags, ("--pipeline-parallel-size", "-pp")
+    )
+
+    # -- threads
+    quota, allowed = limits.quota, limits.cpus
+    if "VLLM_CPU_OMP_THREADS_BIND" in yours:
+        p.threads = "yours"
+    elif quota is None or quota >= len(allowed):
+        p.threads = f"vLLM auto over the {len(allowed)} allowed CPUs (no quota below them)"
+    elif enabled:
+        # floor: threads that need more CPU than the quota grants get throttled in turn; at
+        # least one CPU per worker, which is what vLLM needs to start at all.
+        count = max(workers, math.floor(quota))
+        if count > len(allowed):
+            raise ConfigError(
+                f"{workers} vLLM CPU workers (TP x PP) need {workers} CPUs, the container "
+                f"allows {len(allowed)}: give it more CPUs or lower --tensor-parallel-size"
+            )
+        per = count // workers
+        if workers > 1 and len(limits.nodes) >= workers:
+            # as vLLM's auto binding: rank N on the N-th NUMA node
+            nodes = sorted(limits.nodes)
+            ranks = [
+                pick_cpus(Limits(limits.cgroup, limits.nodes[n], None, None, {}, limits.cores), per)
+                for n in nodes[:workers]
+            ]
+        else:
+            picked = pick_cpus(limits, per * workers)
+            ranks = [picked[i * per : (i + 1) * per] for i in range(workers)]
+        cpus = sorted(c for r in ranks for c in r)
+        # vLLM's auto binding reserves one CPU per worker for the engine core and the API
+        # server when there are more CPUs than that (ompmultiprocessing.py); an explicit list
+        # gets no reservation, so take it out here, from the last rank first as vLLM does.
+        reserved: list[int] = []
+        if len(cpus) > workers:
+            for i in range(workers - 1, -1, -1):
+                if len(ranks[i]) > 1 and len(reserved) < workers:
+                    reserved.append(ranks[i].pop())
+        p.env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(format_cpu_list(r) for r in ranks)
+        p.affinity = sorted(cpus)
+        threads = sum(len(r) for r in ranks)
+        p.threads = (
+            f"{threads} OpenMP thread(s) on CPUs {p.env['VLLM_CPU_OMP_THREADS_BIND']}"
+            + (f", CPU {format_cpu_list(reserved)} for the engine core" if reserved else "")
+            + f"; vLLM's processes confined to CPUs {format_cpu_list(cpus)} (quota {quota:g})"
+        )
+
+    # -- KV cache (GiB, an integer: vLLM reads int(VLLM_CPU_KVCACHE_SPACE))
+    weights = weights_bytes(model)
+    fixed = (weights or 0) + RUNTIME_BYTES + shm_needed
+    need = (
+        f"weights {(weights or 0) / GiB:.1f} GiB{'' if weights is not None else ' (not a local dir: not counted)'}"
+        f" + runtime {RUNTIME_BYTES / GiB:.0f} GiB + /dev/shm {shm_needed / MiB:.0f} MiB"
+    )
+    mem = limits.memory
+    if "VLLM_CPU_KVCACHE_SPACE" in yours:
+        value = yours["VLLM_CPU_KVCACHE_SPACE"]
+        if not value.strip().isdigit():
+            raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE must be whole GiB, not {value!r}")
+        p.kv = f"{value} GiB (yours)"
+        if mem is not None and int(value) * GiB + fixed > mem:
+            raise ConfigError(
+                f"VLLM_CPU_KVCACHE_SPACE={value} GiB + {need} do not fit memory.max "
+                f"{mem / GiB:.1f} GiB: lower VLLM_CPU_KVCACHE_SPACE or raise the memory limit "
+                f"(docker run --memory, compose mem_limit, k8s limits.memory) to at least "
+                f"{math.ceil((int(value) * GiB + fixed) / GiB)} GiB"
+            )
+    elif enabled:
+        if mem is None:
+            kv = KV_DEFAULT_GIB
+            p.kv = f"{kv} GiB (no memory limit)"
+        else:
+            kv = math.floor((mem * (1 - MEMORY_HEADROOM) - fixed) / GiB)
+            if kv < 1:
+                least = math.ceil((fixed + GiB) / (1 - MEMORY_HEADROOM) / GiB)
+                raise ConfigError(
+                    f"memory.max {mem / GiB:.1f} GiB cannot hold a 1 GiB KV cache + {need} "
+                    f"+ {MEMORY_HEADROOM:.0%} headroom: raise the memory limit (docker run "
+                    f"--memory, compose mem_limit, k8s limits.memory) to at least {least} GiB"
+                )
+            p.kv = f"{kv} GiB of memory.max {mem / GiB:.1f} GiB (after {need}, {MEMORY_HEADROOM:.0%} headroom)"
+        p.env["VLLM_CPU_KVCACHE_SPACE"] = str(kv)
+    return p
+
+
+def check_shm(shm_dir: pathlib.Path, needed: int) -> None:
+    """Preflight: the one-line version of vLLM's check_shm_free_space() (shm_broadcast.py),
+    for all of vLLM's segments at once and before anything starts."""
+    if not shm_dir.is_dir():
+        return  # as vLLM: no /dev/shm, no check
+    free = shutil.disk_usage(shm_dir).free
+    if needed > free:
+        size = max(1, math.ceil(2 * needed / GiB))
+        raise ConfigError(
+            f"{shm_dir} has {free / MiB:.0f} MiB free, vLLM needs {needed / MiB:.0f} MiB for its "
+            f"message queues: run with docker run --shm-size={size}g (compose: shm_size: {size}g; "
+            f"Kubernetes: an emptyDir with medium: Memory mounted at /dev/shm)"
+        )
