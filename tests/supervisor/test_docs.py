@@ -30,7 +30,7 @@ def test_help_shows_every_exit_code_setting_and_the_formula():
     ).stdout
     for code, _ in settings.EXIT_CODES:
         assert re.search(rf"^  {re.escape(code)} ", out, re.M), code
-    for s in settings.SETTINGS:
+    for s in (*settings.SETTINGS, *settings.VLLM_SETTINGS):
         assert s.name.replace("`", "") in out
     assert settings.SHUTDOWN_FORMULA in out and settings.USAGE in out
 

@@ -146,7 +146,7 @@ def test_metrics_counts_survive_a_family_the_parser_rejects():
 
 
 def test_observer_summary_is_relative_to_the_drain():
-    obs = observe.Observer(0)
+    obs = observe.Observer("http://127.0.0.1:0")
     assert obs.summary() == ""  # never counted (vLLM was not serving)
     obs.at_drain = observe.parse_counts(METRICS)
     obs.last = dict(obs.at_drain, running=0.0, waiting=1.0, finished=19.0, aborted=3.0)

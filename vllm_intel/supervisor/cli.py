@@ -51,7 +51,7 @@ def serve(args: list[str]) -> int:
         Supervisor.block_signals()
         if probe_port is not None:
             try:
-                probes.serve_http(probe_port, cfg.port, lambda: sup.state)
+                probes.serve_http(probe_port, cfg.url, lambda: sup.state)
             except OSError as e:
                 raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
         failed = sup.spawn(child_env(run.path, plan.env))

@@ -24,6 +24,15 @@ def settings_table() -> str:
     return "\n".join(["| variable | default | meaning |", "|---|---|---|", *rows])
 
 
+def vllm_settings_table() -> str:
+    rows = [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in settings.VLLM_SETTINGS]
+    head = (
+        "Read from vLLM's own sources, with vLLM's precedence: command line > "
+        "`--config FILE.yaml` > vLLM's default.\n\n"
+    )
+    return head + "\n".join(["| vLLM setting | default | the supervisor |", "|---|---|---|", *rows])
+
+
 def shutdown() -> str:
     return f"```\n{settings.SHUTDOWN_FORMULA}\n```"
 
@@ -39,6 +48,7 @@ def usage() -> str:
 BLOCKS = {
     "usage": usage,
     "settings": settings_table,
+    "vllm-settings": vllm_settings_table,
     "shutdown": shutdown,
     "exit-codes": exit_codes,
     "orchestrator": orchestrator,
@@ -57,6 +67,9 @@ def help_text() -> str:
     return (
         f"Run `vllm serve` under a PID-1 supervisor that drains on SIGTERM and never hangs.\n\n"
         f"Usage:\n{settings.USAGE}\n\nSettings:\n{plain_settings}\n\n"
+        f"vLLM settings also read (command line > --config FILE.yaml > vLLM's default):\n"
+        + "\n".join(f"  {s.name.replace('`', '')}: {s.meaning}" for s in settings.VLLM_SETTINGS)
+        + "\n\n"
         f"Shutdown timing:\n{settings.SHUTDOWN_FORMULA}\n\nExit codes:\n{plain_exit}"
     )
 

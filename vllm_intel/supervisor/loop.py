@@ -60,7 +60,7 @@ def _child_setup() -> None:  # runs in the child between fork and exec
 
 class Supervisor:
     def __init__(self, cfg: settings.ServeConfig, state_path: pathlib.Path):
-        self.argv, self.port, self.drain = cfg.argv, cfg.port, cfg.drain
+        self.argv, self.port, self.drain, self.url = cfg.argv, cfg.port, cfg.drain, cfg.url
         self.state_path = state_path
         self.state = State.STARTING
         self.child: subprocess.Popen | None = None
@@ -71,7 +71,7 @@ class Supervisor:
         self.kill_at: float | None = None
         self.escalated = False
         self.group_term_at: float | None = None  # a stop while starting: the group's SIGTERM
-        self.observer = Observer(self.port)
+        self.observer = Observer(self.url, cfg.count_requests)
 
     # -- set up ---------------------------------------------------------------------------
     @staticmethod
@@ -89,6 +89,7 @@ class Supervisor:
             "state": self.state.value,
             "pid": os.getpid(),
             "port": self.port,
+            "url": self.url,  # where `probe` asks vLLM's /health (host, https)
             "child": self.child.pid if self.child else None,
             "drain": self.drain,
         }
@@ -116,7 +117,7 @@ class Supervisor:
             return Exit.CANNOT_EXEC
         self.set_state(
             State.STARTING,
-            f"vllm serve pid {self.child.pid}, port {self.port}, drain {self.drain} s, "
+            f"vllm serve pid {self.child.pid}, {self.url}, drain {self.drain} s, "
             f"deadline {settings.deadline(self.drain)} s after SIGTERM",
         )
         self.observer.start()

@@ -14,10 +14,18 @@ import urllib.request
 from .settings import HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S, TICK_S
 
 
-def http_get(port: int, path: str, timeout: float) -> tuple[int, str]:
-    """(status, body) of GET http://127.0.0.1:port/path; (0, error) if it cannot connect."""
+def http_get(url: str, path: str, timeout: float) -> tuple[int, str]:
+    """(status, body) of GET url/path; (0, error) if it cannot connect. url: the server's base
+    address (settings.poll_url)."""
+    context = None
+    if url.startswith("https:"):
+        import ssl
+
+        # Our own server, reached by loopback or its bind address: its certificate names the
+        # public host, not that address, so only the encryption is used, not the verification.
+        context = ssl._create_unverified_context()
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout) as r:
+        with urllib.request.urlopen(url + path, timeout=timeout, context=context) as r:
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, ""
@@ -25,8 +33,8 @@ def http_get(port: int, path: str, timeout: float) -> tuple[int, str]:
         return 0, str(e)
 
 
-def healthy(port: int, timeout: float = HEALTH_TIMEOUT_S) -> bool:
-    return http_get(port, "/health", timeout)[0] == 200
+def healthy(url: str, timeout: float = HEALTH_TIMEOUT_S) -> bool:
+    return http_get(url, "/health", timeout)[0] == 200
 
 
 COUNTED = re.compile(r"vllm:(num_requests_running|num_requests_waiting|request_success)")
@@ -52,9 +60,9 @@ def parse_counts(text: str) -> dict[str, float]:
     return counts
 
 
-def request_counts(port: int) -> dict[str, float] | None:
+def request_counts(url: str) -> dict[str, float] | None:
     """In-flight and finished counts from vLLM's /metrics (None if unreachable or unparsable)."""
-    status, body = http_get(port, "/metrics", METRICS_TIMEOUT_S)
+    status, body = http_get(url, "/metrics", METRICS_TIMEOUT_S)
     if status != 200:
         return None
     try:
@@ -66,9 +74,11 @@ def request_counts(port: int) -> dict[str, float] | None:
 class Observer(threading.Thread):
     """Polls /health until vLLM is ready; from the drain on, polls /metrics for the exit log."""
 
-    def __init__(self, port: int):
+    def __init__(self, url: str, count_requests: bool = True):
         super().__init__(name="observer", daemon=True)
-        self.port = port
+        self.url = url
+        # With --disable-log-stats vLLM exports no vllm:* metrics: counts would read 0, a lie.
+        self.count_requests = count_requests
         self.ready = threading.Event()
         self.wake = threading.Event()  # the drain began (or the supervisor is done)
         self.stopped = threading.Event()
@@ -78,13 +88,13 @@ class Observer(threading.Thread):
 
     def run(self) -> None:
         while not (self.ready.is_set() or self.wake.is_set()):
-            if healthy(self.port):
+            if healthy(self.url):
                 self.ready.set()
             else:
                 self.wake.wait(TICK_S)
         self.wake.wait()
         while self.counting and not self.stopped.is_set():
-            counts = request_counts(self.port)
+            counts = request_counts(self.url)
             if counts is not None:
                 if self.at_drain is None:
                     self.at_drain = counts
@@ -93,7 +103,7 @@ class Observer(threading.Thread):
 
     def begin_drain(self, serving: bool) -> None:
         """Stop the health polling; count requests until the end if vLLM was serving."""
-        self.counting = serving
+        self.counting = serving and self.count_requests
         self.wake.set()
 
     def stop(self) -> None:

@@ -47,7 +47,7 @@ def probe(args: list[str], env=os.environ) -> int:
         print(f"not {args[0]}: no running supervisor for port {port}")
         return 1
     state = data["state"]
-    ok_health = healthy(port, PROBE_TIMEOUT_S)
+    ok_health = healthy(data.get("url") or f"http://127.0.0.1:{port}", PROBE_TIMEOUT_S)
     ok = decide(args[0], state, ok_health)
     print(
         f"{'' if ok else 'not '}{args[0]}: state {state}, "
@@ -57,7 +57,7 @@ def probe(args: list[str], env=os.environ) -> int:
 
 
 def serve_http(
-    probe_port: int, vllm_port: int, state: Callable[[], State]
+    probe_port: int, vllm_url: str, state: Callable[[], State]
 ) -> http.server.HTTPServer:
     """Answer GET /ready and /live on probe_port from a daemon thread; returns the server."""
 
@@ -70,7 +70,7 @@ def serve_http(
             current = state().value
             # Ask vLLM only when the answer depends on it (never once readiness is lost).
             ok = decide(kind, current, False) or (
-                decide(kind, current, True) and healthy(vllm_port, PROBE_TIMEOUT_S)
+                decide(kind, current, True) and healthy(vllm_url, PROBE_TIMEOUT_S)
             )
             body = f"{'' if ok else 'not '}{kind}: state {current}\n".encode()
             self.send_response(200 if ok else 503)

@@ -57,7 +57,8 @@ class Exit(enum.IntEnum):
 
 
 SHUTDOWN_FORMULA = f"""\
-DRAIN    = INTEL_VLLM_DRAIN_TIMEOUT (or --shutdown-timeout)       default {DEFAULT_DRAIN_S} s
+DRAIN    = vLLM's --shutdown-timeout if you give it (command line, else --config file),
+           else INTEL_VLLM_DRAIN_TIMEOUT                           default {DEFAULT_DRAIN_S} s
 deadline = DRAIN + TEARDOWN ({TEARDOWN_S} s) after the first SIGTERM: the process group is SIGTERMed {KILL_GRACE_S} s
            before it and SIGKILLed at it; the entrypoint then exits {Exit.FORCED.value}
 grace    = DRAIN + TEARDOWN + MARGIN ({MARGIN_S} s) = {grace_period(DEFAULT_DRAIN_S)} s by default"""
@@ -69,7 +70,8 @@ EXIT_CODES = (
     (
         str(Exit.CONFIG.value),
         "configuration error, nothing started (bad drain value, missing model "
-        "path, unknown subcommand, bad patch name, too long `TMPDIR`) or a container too "
+        "path, bad or unreadable `--config` file, a vLLM setting the supervisor cannot "
+        "work with, unknown subcommand, bad patch name, too long `TMPDIR`) or a container too "
         "small for vLLM (`/dev/shm`, memory limit)",
     ),
     (
@@ -111,9 +113,10 @@ SETTINGS = (
     Setting(
         "INTEL_VLLM_DRAIN_TIMEOUT",
         f"`{DEFAULT_DRAIN_S}`",
-        "seconds in-flight requests get after SIGTERM; passed as `--shutdown-timeout` unless "
-        "you pass that flag yourself (then your value is the drain). On XPU never below "
-        f"{XPU_MIN_DRAIN_S} (logged when raised).",
+        "seconds in-flight requests get after SIGTERM; passed as `--shutdown-timeout` only "
+        "when you give that vLLM setting nowhere (command line or `--config` file): else your "
+        f"value is the drain, untouched. On XPU never below {XPU_MIN_DRAIN_S} (logged when "
+        "raised; the raised value is appended last on the command line, which beats the file).",
     ),
     Setting(
         "INTEL_VLLM_MODEL",
@@ -155,6 +158,29 @@ SETTINGS = (
         "INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
         "all, none, off",
         "patch allow list, deny list, strict mode (see docs/patches.md)",
+    ),
+)
+
+# The vLLM settings the supervisor also reads (vllm_args.py), each from the same sources as
+# vLLM with its precedence: command line (`--flag V` / `--flag=V`, last wins) > the file of
+# `--config FILE.yaml` > vLLM's default. `vllm serve` reads none of them from the environment
+# (VLLM_PORT is an internal port, not the API port).
+VLLM_SETTINGS = (
+    Setting("model", "`INTEL_VLLM_MODEL`", "the built-in model is added only if none is named"),
+    Setting("--port`, `--host", f"`{DEFAULT_PORT}`, all", "where /health and /metrics are read"),
+    Setting("--shutdown-timeout", "`INTEL_VLLM_DRAIN_TIMEOUT`", "the drain (see above)"),
+    Setting("--ssl-certfile", "none", "/health and /metrics are read over https"),
+    Setting("--disable-log-stats", "off", "no request counts in the exit line"),
+    Setting(
+        "--uds`, `--headless`, `--grpc`, `--api-server-count 0`, `--ssl-cert-reqs 2",
+        "off",
+        f"refused (exit {Exit.CONFIG.value}): the supervisor could not reach vLLM's HTTP server",
+    ),
+    Setting(
+        "--config=FILE`, `--shutdown-time",
+        "",
+        f"refused (exit {Exit.CONFIG.value}): vLLM ignores `--config=FILE`, write "
+        "`--config FILE`; the flags above are read only when written in full, not abbreviated",
     ),
 )
 
@@ -221,12 +247,20 @@ def flag_value(flags: list[str], name: str) -> str | None:
     return found
 
 
-def drain_seconds(flags: list[str] | None = None, env=os.environ) -> tuple[int, list[str]]:
-    """DRAIN and the notes explaining how it was chosen."""
+def drain_seconds(
+    flags: list[str] | None = None, env=os.environ, user: int | None = None
+) -> tuple[int, list[str]]:
+    """DRAIN and the notes explaining how it was chosen. user: the --shutdown-timeout vLLM
+    resolved from the command line or its config file (None: given nowhere)."""
     notes = []
-    user = flag_value(flags or [], "--shutdown-timeout")
+    if user is None and flags:
+        from .vllm_args import resolve
+
+        user = resolve(flags).shutdown_timeout
     if user is not None:
-        drain = parse_seconds("--shutdown-timeout", user)
+        if user < 0:
+            raise ConfigError(f"--shutdown-timeout must be >= 0, not {user}")
+        drain = user
     else:
         drain = parse_seconds(
             "INTEL_VLLM_DRAIN_TIMEOUT", env.get("INTEL_VLLM_DRAIN_TIMEOUT", str(DEFAULT_DRAIN_S))
@@ -266,18 +300,76 @@ class ServeConfig:
     port: int
     drain: int
     notes: list[str]
-    model: str | None = None  # positional or --model (for the CPU plan's weight size)
+    model: str | None = None  # positional, --model or the config file's (the CPU plan's weights)
     flags: list[str] | None = None  # the vLLM flags as passed on
+    url: str = ""  # where the supervisor reads vLLM's /health and /metrics
+    count_requests: bool = True  # vLLM exports its vllm:* metrics (no --disable-log-stats)
+
+    def __post_init__(self):
+        self.url = self.url or f"http://127.0.0.1:{self.port}"
+
+
+def poll_url(host: str | None, port: int, tls: bool) -> str:
+    """The address the supervisor asks: vLLM's own host, loopback when it listens everywhere."""
+    if host in (None, "", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"{'https' if tls else 'http'}://{host}:{port}"
+
+
+def strip_flag(flags: list[str], name: str) -> list[str]:
+    """flags without `name V` / `name=V` (underscore spellings included)."""
+    out, skip = [], False
+    for f in flags:
+        if skip:
+            skip = False
+            continue
+        key = f.split("=", 1)[0].replace("_", "-")
+        if key == name:
+            skip = "=" not in f
+            continue
+        out.append(f)
+    return out
 
 
 def serve_config(args: list[str], env=os.environ) -> ServeConfig:
-    """`vllm serve` argv, port and drain for `entrypoint.py serve ARGS`. Raises ConfigError."""
+    """`vllm serve` argv, port and drain for `entrypoint.py serve ARGS`. Raises ConfigError.
+
+    Every vLLM setting read here comes from vllm_args.resolve: the command line, then the file
+    of `--config FILE`, then vLLM's default, as vLLM itself resolves them."""
+    from .vllm_args import resolve
+
     flags = list(args)
-    if flags and not flags[0].startswith("-"):
-        model = flags.pop(0)
-    elif flag_value(flags, "--model") is not None:
-        model = None  # the user named it with --model
-    else:
+    vargs = resolve(flags)
+    if vargs.uds:
+        raise ConfigError(
+            f"--uds {vargs.uds} (in {vargs.source['uds']}): vLLM would listen on a unix socket "
+            "only; the supervisor's readiness checks and probes need its TCP port"
+        )
+    no_http = (
+        "--headless"
+        if vargs.headless
+        else "--grpc"
+        if vargs.grpc
+        else f"--api-server-count {vargs.api_server_count}"
+        if vargs.api_server_count is not None and vargs.api_server_count < 1
+        else None
+    )
+    if no_http:
+        raise ConfigError(
+            f"{no_http}: vLLM would start no HTTP API server, so the supervisor could never see "
+            "it ready; run `vllm serve` directly for that"
+        )
+    if vargs.ssl_cert_reqs == 2:  # ssl.CERT_REQUIRED
+        raise ConfigError(
+            "--ssl-cert-reqs 2: vLLM would demand a client certificate, which the supervisor's "
+            "own /health and /metrics requests cannot present"
+        )
+    model = None
+    if vargs.model is None:
         model = env.get("INTEL_VLLM_MODEL") or next(
             (str(p) for p in BUILTIN_MODELS if (p / "config.json").exists()), None
         )
@@ -286,29 +378,34 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
                 "no model given and the built-in model is missing "
                 "(set INTEL_VLLM_MODEL, pass a model, or run `make setup`)"
             )
-    for name in filter(None, [model, flag_value(flags, "--model")]):
-        if looks_like_path(name) and not pathlib.Path(name).expanduser().exists():
-            raise ConfigError(f"model path {name} does not exist")
-    port_s = flag_value(flags, "--port")
-    port = parse_seconds("--port", port_s) if port_s is not None else DEFAULT_PORT
-    drain, notes = drain_seconds(flags, env)
-    if flag_value(flags, "--shutdown-timeout") is None or notes:
-        flags = [
-            f
-            for i, f in enumerate(flags)
-            if not (
-                f.startswith("--shutdown-timeout") or (i and flags[i - 1] == "--shutdown-timeout")
-            )
-        ]
-        flags += ["--shutdown-timeout", str(drain)]
+    name = vargs.model or model
+    if looks_like_path(name) and not pathlib.Path(name).expanduser().exists():
+        raise ConfigError(f"model path {name} does not exist")
+    port = DEFAULT_PORT if vargs.port is None else vargs.port
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port must be between 1 and 65535, not {port}")
+    drain, notes = drain_seconds(env=env, user=vargs.shutdown_timeout)
+    if vargs.shutdown_timeout is not None:
+        notes.insert(
+            0,
+            f"drain {vargs.shutdown_timeout} s: --shutdown-timeout from "
+            f"{vargs.source['shutdown_timeout']}",
+        )
+    if vargs.shutdown_timeout is None or drain != vargs.shutdown_timeout:
+        # Only when the user gave no value anywhere, or on XPU below the minimum. The command
+        # line beats the config file and its last flag wins, so the appended flag is the one
+        # vLLM uses; the user's own command-line copies go, not to leave two values around.
+        flags = strip_flag(flags, "--shutdown-timeout") + ["--shutdown-timeout", str(drain)]
     argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
     return ServeConfig(
         argv + ([model] if model else []) + flags,
         port,
         drain,
         notes,
-        model or flag_value(flags, "--model"),
-        flags,
+        model=name,
+        flags=flags,
+        url=poll_url(vargs.host, port, tls=vargs.ssl_certfile is not None),
+        count_requests=not vargs.disable_log_stats,
     )
 
 

@@ -1,0 +1,223 @@
+"""The `vllm serve` settings the supervisor relies on, resolved as vLLM resolves them, without
+importing vLLM (the supervisor is PID 1 and must start fast).
+
+Sources and precedence, as in vLLM 0.27.1 and 0.32.0 (vllm/utils/argparse_utils.py,
+FlexibleArgumentParser.parse_args / _pull_args_from_config / load_config_file):
+
+1. The command line. `--flag V` and `--flag=V`; underscores in a flag name are dashes; the last
+   occurrence wins (argparse). The first `--model M` is moved to the front as the positional model.
+2. The file of `--config FILE` (only that spelling: vLLM tests `"--config" in args`, so it ignores
+   `--config=FILE` without a word; we refuse that). A YAML mapping; each `key: value` becomes
+   `--key str(value)` (true -> `--key`, false -> nothing, list -> `--key a b`) and is inserted
+   right after the model, before every command-line flag, so the command line wins. A positional
+   model beats the file's `model:`.
+3. vLLM's defaults.
+
+The environment: `vllm serve` takes none of these from it. `VLLM_API_KEY` is the API key when
+`--api-key` is absent, but it guards only /v1, /v2, /inference, /cohere (AuthenticationMiddleware),
+never the /health and /metrics the supervisor reads, so it does not concern us. `VLLM_PORT` is NOT
+the API port: it is the first of the internal ports of torch.distributed / engine communication
+(vllm/envs.py) and must never be read as the server's port. `VLLM_HOST_IP` likewise is the
+internal communication address, not `--host`.
+
+What the supervisor relies on, and why:
+  model                 the built-in model is added only when none is named anywhere
+  host, port            where /health and /metrics are polled; the state file's name
+  shutdown-timeout      the drain: the deadline is computed from it; never overridden
+  ssl-certfile/-keyfile the server speaks HTTPS: poll with https (local, unverified)
+  ssl-cert-reqs         2 (a client certificate required): the supervisor has none -> refused
+  uds                   no TCP port to poll -> refused
+  headless, grpc, api-server-count < 1
+                        no HTTP API server, so readiness can never be observed -> refused
+  disable-log-stats     vLLM then exports no vllm:* metrics: no request counts in the exit line
+  api-server-count > 1  fine: the servers share the port, /metrics is aggregated over processes
+  root-path             fine: it only strips a proxy prefix, /health still answers at /health
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .settings import ConfigError
+
+# The flags read here, by vLLM dest: option strings and whether the flag takes a value.
+FLAGS = {
+    "model": (("--model",), True),
+    "host": (("--host",), True),
+    "port": (("--port",), True),
+    "uds": (("--uds",), True),
+    "shutdown_timeout": (("--shutdown-timeout",), True),
+    "headless": (("--headless",), False),
+    "grpc": (("--grpc",), False),
+    "api_server_count": (("--api-server-count", "-asc"), True),
+    "disable_log_stats": (("--disable-log-stats",), False),
+    "ssl_certfile": (("--ssl-certfile",), True),
+    "ssl_keyfile": (("--ssl-keyfile",), True),
+    "ssl_cert_reqs": (("--ssl-cert-reqs",), True),
+}
+INTS = ("port", "shutdown_timeout", "api_server_count", "ssl_cert_reqs")
+OPTION_TO_DEST = {opt: dest for dest, (opts, _) in FLAGS.items() for opt in opts}
+MODEL_FLAG = re.compile(r"^--model(=.+|$)")
+
+
+@dataclass
+class VllmArgs:
+    """The effective values; None where nobody gave one (vLLM's default applies)."""
+
+    model: str | None = None
+    host: str | None = None
+    port: int | None = None
+    uds: str | None = None
+    shutdown_timeout: int | None = None
+    headless: bool = False
+    grpc: bool = False
+    api_server_count: int | None = None
+    disable_log_stats: bool = False
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    ssl_cert_reqs: int | None = None
+    config: str | None = None
+    # dest -> "the command line" or "the config file FILE": said in logs and errors
+    source: dict[str, str] = field(default_factory=dict)
+
+
+def load_config_file(path: str) -> list[str]:
+    """vLLM's load_config_file: the YAML file as flags. Raises ConfigError where vLLM fails."""
+    if path.split(".")[-1] not in ("yaml", "yml"):
+        raise ConfigError(f"--config {path}: vLLM reads only .yaml/.yml config files")
+    import yaml  # only when there is a config file: the common start stays import-free
+
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"--config {path}: cannot read it: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where else ""
+        raise ConfigError(f"--config {path}: not valid YAML{at}") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"--config {path}: must be a YAML mapping of vLLM flags")
+    flags: list[str] = []
+    for key, value in config.items():
+        key = str(key)
+        if isinstance(value, bool):
+            # vLLM 0.32 turns false into --no-KEY where such a flag exists; none of ours has one,
+            # and for ours false is the default: nothing to add.
+            if value:
+                flags.append("--" + key)
+        elif isinstance(value, list):
+            if value:
+                flags += ["--" + key, *map(str, value)]
+        elif isinstance(value, dict):
+            import json
+
+            flags += ["--" + key, json.dumps(value)]
+        else:
+            flags += ["--" + key, str(value)]
+    return flags
+
+
+def _normalise(arg: str) -> str:
+    """`--a_b=V` -> `--a-b=V`: vLLM swaps underscores for dashes in the name (up to a dot)."""
+    if not arg.startswith("--"):
+        return arg
+    name, eq, value = arg.partition("=")
+    head, dot, tail = name[2:].partition(".")
+    return "--" + head.replace("_", "-") + dot + tail + eq + value
+
+
+def _abbreviates(arg: str) -> str | None:
+    """The flag of ours that `--abbrev` would select through argparse's prefix matching."""
+    name = arg.split("=", 1)[0]
+    if not name.startswith("--") or name in OPTION_TO_DEST or len(name) < 3:
+        return None
+    hits = [opt for opt in OPTION_TO_DEST if opt.startswith("--") and opt.startswith(name)]
+    return hits[0] if hits else None
+
+
+def resolve(argv: list[str]) -> VllmArgs:
+    """What `vllm serve ARGV` would use for the settings in FLAGS. Raises ConfigError."""
+    args = list(argv)
+    source = {}
+    # 1. The first --model moves to the front as the positional model (vLLM does this first).
+    first_model = next((i for i, a in enumerate(args) if MODEL_FLAG.match(a)), None)
+    if first_model is not None:
+        if args[first_model] == "--model":
+            if first_model + 1 >= len(args):
+                raise ConfigError("--model needs a value")
+            tag, rest = args[first_model + 1], first_model + 2
+        else:
+            tag, rest = args[first_model].removeprefix("--model="), first_model + 1
+        args = [tag, *args[:first_model], *args[rest:]]
+        if argv and not argv[0].startswith("-") and first_model > 0:
+            raise ConfigError(f"model given twice: {argv[0]} and --model {tag}")
+    model_in_cli = bool(args) and not args[0].startswith("-")
+    config_path = None
+    for a in args:
+        if a.startswith("--config="):
+            raise ConfigError(
+                f"{a}: vLLM ignores the file when it is written this way; write --config FILE"
+            )
+    # 2. The config file's flags go right after the model, before the command line's.
+    if "--config" in args:
+        if args.count("--config") > 1:
+            raise ConfigError("--config given more than once (vLLM reads one config file)")
+        at = args.index("--config")
+        if at == len(args) - 1:
+            raise ConfigError("--config needs a file")
+        config_path = args[at + 1]
+        from_file = load_config_file(config_path)
+        rest = args[:at] + args[at + 2 :]
+        head = 1 if model_in_cli else 0
+        args = rest[:head] + from_file + rest[head:]
+        cli_start = head + len(from_file)  # args[head:cli_start] came from the file
+    else:
+        head, cli_start = 0, 0
+    found = VllmArgs(config=config_path, source=source)
+    if model_in_cli:
+        found.model = args[0]
+        source["model"] = "the command line"
+    i = 1 if model_in_cli else 0
+    while i < len(args):
+        raw = args[i]
+        arg = _normalise(raw)
+        origin = f"the config file {config_path}" if head <= i < cli_start else "the command line"
+        i += 1
+        if (full := _abbreviates(arg)) is not None:
+            raise ConfigError(
+                f"{raw}: write {full} in full (the supervisor reads that flag and does not "
+                "guess argparse abbreviations)"
+            )
+        name, eq, value = arg.partition("=")
+        dest = OPTION_TO_DEST.get(name)
+        if dest is None:
+            continue
+        takes_value = FLAGS[dest][1]
+        if takes_value and not eq:
+            if i >= len(args) or (args[i].startswith("-") and not _is_number(args[i])):
+                raise ConfigError(f"{name} needs a value (in {origin})")
+            value = args[i]
+            i += 1
+        elif not takes_value:
+            if eq:
+                raise ConfigError(f"{name} takes no value (in {origin})")
+            value = True
+        if dest == "model" and model_in_cli:
+            continue  # the positional model wins: `vllm serve` sets args.model = model_tag
+        if dest in INTS:
+            try:
+                value = int(value)
+            except ValueError:
+                raise ConfigError(
+                    f"{name} must be a whole number, not {value!r} (in {origin})"
+                ) from None
+        setattr(found, dest, value)
+        source[dest] = origin
+    return found
+
+
+def _is_number(arg: str) -> bool:
+    """argparse takes `-5` as a value, not an option, when no option looks like a number."""
+    return re.fullmatch(r"-\d+$|-\d*\.\d+", arg) is not None
