@@ -68,7 +68,12 @@ class Patch:
     def revert(self) -> None:
         while self._saved:
             obj, attr, old = self._saved.pop()
-            if old is _MISSING:
+            if isinstance(obj, dict):  # from _replace_item
+                if old is _MISSING:
+                    obj.pop(attr, None)
+                else:
+                    obj[attr] = old
+            elif old is _MISSING:
                 try:
                     delattr(obj, attr)
                 except AttributeError:
@@ -97,6 +102,11 @@ class Patch:
             )
         )
         setattr(obj, attr, value)
+
+    def _replace_item(self, table: dict, key: str, value: object) -> None:
+        """table[key] = value, remembering the original for revert()."""
+        self._saved.append((table, key, table.get(key, _MISSING)))
+        table[key] = value
 
 
 def module_source(modname: str) -> str | None:

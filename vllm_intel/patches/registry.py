@@ -17,6 +17,7 @@ PATCH_MODULES = [
     "xpu_shutdown",  # vllm PR #46433: graceful XPU shutdown (< 0.25)
     "drain_deadline",  # a drain ends with a final event per request, never a stall
     "fast_exit",  # no multi-second final GC scan after vLLM's teardown
+    "cpu_aot_compile",  # vllm PR #32037: no AOT artifact on CPU that fails to load every start
 ]
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"
