@@ -12,11 +12,9 @@ import pytest
 import requests
 
 from tests.harness import ROOT
-from tests.harness.models import REVISION, copy_model, hub_layout
+from tests.harness.models import REPO, REVISION, copy_model, hub_layout
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-
-REPO = "vllm-intel-test/tiny-llama"
 
 
 def complete(s, model: str) -> dict:

@@ -11,6 +11,7 @@ import shutil
 
 # A commit hash as the hub names snapshots (any 40 hex digits; refs/main points at it).
 REVISION = "0123456789abcdef0123456789abcdef01234567"
+REPO = "vllm-intel-test/tiny-llama"  # a repo id no hub has: served only from a cache
 
 
 def copy_model(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
