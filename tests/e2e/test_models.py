@@ -1,10 +1,11 @@
 """A user's own model through entrypoint.py with real vLLM CPU, offline: a model directory
 mounted somewhere else than the built-in one (named by INTEL_VLLM_MODEL), and a Hugging Face
-hub cache (models--ORG--NAME/snapshots/<rev>, refs/main) served by repo id, as the image's
-HF_HOME volume holds it after a prefetch or an earlier download."""
+hub cache (models--ORG--NAME/snapshots/<rev>, refs/main, blobs) filled by `prefetch` and served
+by repo id, as the image's HF_HOME volume holds it."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -12,7 +13,8 @@ import pytest
 import requests
 
 from tests.harness import ROOT
-from tests.harness.models import REPO, REVISION, copy_model, hub_layout
+from tests.harness.fakehub import FakeHub
+from tests.harness.models import REPO, REVISION, copy_model
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -39,22 +41,27 @@ def test_model_from_a_mounted_directory(serve, tiny_model, tmp_path):
 
 
 def test_hub_cache_served_by_repo_id_offline(serve, tiny_model, tmp_path):
+    """The Kubernetes sequence on one machine: `prefetch` (the init container) fills HF_HOME from a
+    hub (a local one, tests/harness/fakehub.py: the real huggingface_hub download path), the hub
+    goes away, and `serve` finds the repo id in the cache with HF_HUB_OFFLINE=1."""
     hf_home = tmp_path / "hf"  # the image's HF_HOME; the hub cache is HF_HOME/hub
-    snap = hub_layout(tiny_model, hf_home / "hub", REPO)
-    assert (snap / "config.json").is_symlink()
-    env = {"HF_HOME": str(hf_home), "INTEL_VLLM_MODEL": REPO}  # HF_HUB_OFFLINE=1: SERVE_ENV
-    # The init container's step: a no-op while offline, whatever the cache holds.
-    pre = subprocess.run(
-        [sys.executable, str(ROOT / "entrypoint.py"), "prefetch"],
-        env={**env, "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-        capture_output=True,
-        text=True,
-        timeout=60,
+    env = {"HF_HOME": str(hf_home), "INTEL_VLLM_MODEL": REPO}
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "INTEL_VLLM_"))}
+    prefetch = [sys.executable, str(ROOT / "entrypoint.py"), "prefetch"]
+    with FakeHub(tiny_model, REPO) as hub:
+        online = {**clean, **env, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": hub.url}
+        pre = subprocess.run(prefetch, env=online, capture_output=True, text=True, timeout=120)
+    assert pre.returncode == 0 and f"prefetch: {REPO} complete" in pre.stderr, pre.stderr
+    repo = hf_home / "hub" / ("models--" + REPO.replace("/", "--"))
+    assert (repo / "refs" / "main").read_text() == REVISION
+    assert (repo / "snapshots" / REVISION / "config.json").is_symlink()  # -> ../../blobs/<hash>
+    # Offline now (SERVE_ENV sets HF_HUB_OFFLINE=1 for the server; the hub is gone anyway).
+    offline = subprocess.run(
+        prefetch, env={**clean, **env, "HF_HUB_OFFLINE": "1"}, capture_output=True, text=True
     )
-    assert pre.returncode == 0 and "HF_HUB_OFFLINE is set" in pre.stderr, pre.stderr
+    assert offline.returncode == 0 and "HF_HUB_OFFLINE is set" in offline.stderr
     s = serve("--enforce-eager", model="", env=env)
     assert s.model == REPO
     assert complete(s, REPO)["usage"]["completion_tokens"] == 8
-    # vLLM read the snapshot refs/main points at; nothing was written next to it.
-    snapshots = hf_home / "hub" / ("models--" + REPO.replace("/", "--")) / "snapshots"
-    assert [p.name for p in snapshots.iterdir()] == [REVISION]
+    assert "downloading" not in s.text()  # offline: no progress logger
+    assert [p.name for p in (repo / "snapshots").iterdir()] == [REVISION]

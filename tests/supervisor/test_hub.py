@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -13,7 +14,8 @@ import time
 import pytest
 
 from tests.harness import ROOT
-from tests.harness.models import hub_layout
+from tests.harness.fakehub import FakeHub
+from tests.harness.models import REVISION, hub_layout
 from vllm_intel.supervisor import hub, settings
 
 
@@ -175,3 +177,33 @@ def test_serve_logs_download_progress_only_for_a_repo_id_online(tmp_path, monkey
         (tmp_path / "hub", "org/name"),
         (pathlib.Path(tmp_path / "d"), "org/name"),
     ]
+
+
+def test_prefetch_downloads_what_vllm_reads_from_a_hub(tmp_path, tiny_model):
+    """The real download path against a local hub (tests/harness/fakehub.py): one weight format
+    and the config files land in the cache layout vLLM reads, the progress is logged while it
+    runs, and a second prefetch downloads nothing."""
+    extra = {"pytorch_model.bin": b"b" * 1000, "original/params.json": b"{}", "README.md": b"#"}
+    code = (
+        "import sys; from vllm_intel.supervisor import hub; hub.PROGRESS_S = 0.3; "
+        "sys.exit(hub.prefetch(sys.argv[1:]))"
+    )
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "INTEL_VLLM_"))}
+    with FakeHub(tiny_model, "org/name", extra, chunk_delay_s=0.15) as fake:
+        env = {**clean, "HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": fake.url}
+        run = [sys.executable, "-c", code, "org/name"]
+        first = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        downloads = [p for m, p in fake.requests if m == "GET" and "/resolve/" in p]
+        again = subprocess.run(run, env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        after = [p for m, p in fake.requests if m == "GET" and "/resolve/" in p]
+    assert first.returncode == 0, first.stderr
+    wanted = sorted(str(p.relative_to(tiny_model)) for p in tiny_model.rglob("*") if p.is_file())
+    assert sorted(p.rsplit("/", 1)[1] for p in downloads) == wanted  # no .bin, original/, README
+    snap = hub.repo_dir(tmp_path / "hub", "org/name") / "snapshots" / REVISION
+    for name in wanted:
+        assert (snap / name).read_bytes() == (tiny_model / name).read_bytes(), name
+    assert "Fetching" not in first.stderr  # huggingface_hub's bars are off; our lines instead
+    assert re.search(r"prefetch: org/name: 6 files, [\d.]+ kB, [\d.]+ kB to download", first.stderr)
+    assert re.search(r"downloading org/name: .* of .* \(\d+ %\)", first.stderr), first.stderr
+    assert again.returncode == 0 and "0 B to download" in again.stderr, again.stderr
+    assert after == downloads  # the cache answered: nothing fetched twice

@@ -163,6 +163,9 @@ def prefetch(args: list[str], env=os.environ) -> int:
         return 0
     try:
         from huggingface_hub import snapshot_download
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # \r-redrawn bars make noise in container logs; ProgressLogger
     except ImportError as e:
         log(f"prefetch: huggingface_hub cannot be imported: {e}")
         return Exit.NOT_FOUND
