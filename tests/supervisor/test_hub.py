@@ -5,7 +5,6 @@ exit codes (no-op for local paths and offline; one line and 69 when the hub is u
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -156,26 +155,34 @@ def test_prefetch_bad_input_and_unreachable_hub(tmp_path):
 
 
 def test_serve_logs_download_progress_only_for_a_repo_id_online(tmp_path, monkeypatch):
+    """serve's wiring: the model and flags as serve_config resolves them (a --config file's model
+    included) decide whether a progress logger runs, and where it looks."""
     started = []
 
     class Recorded(hub.ProgressLogger):  # the real logger, with its thread not started
         def start(self):
             started.append((self.cache, self.repo))
 
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
     monkeypatch.setattr(hub, "ProgressLogger", Recorded)
     on = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0"}
-    assert hub.watch_download(argv + ["org/name", "--port", "1"], lambda: True, on)
-    assert hub.watch_download(argv + ["--model", "org/name"], lambda: True, on)
-    assert hub.watch_download(
-        argv + ["org/name", "--download-dir", str(tmp_path / "d")], lambda: True, on
-    )
-    assert not hub.watch_download(argv + [str(tmp_path)], lambda: True, on)
-    assert not hub.watch_download(argv + ["org/name"], lambda: True, {"HF_HUB_OFFLINE": "1"})
+    config = tmp_path / "serve.yaml"
+    config.write_text("model: org/from-file\n")
+
+    def watch(args, env):
+        cfg = settings.serve_config(args, env)
+        return hub.watch_download(cfg.model, cfg.flags or [], lambda: True, env)
+
+    assert watch(["org/name", "--port", "8123"], on)
+    assert watch(["--model", "org/name"], on)
+    assert watch(["--config", str(config)], on)
+    assert watch(["org/name", "--download-dir", str(tmp_path / "d")], on)
+    assert not watch([str(tmp_path)], on)  # a local directory
+    assert not watch(["org/name"], {**on, "HF_HUB_OFFLINE": "1"})
     assert started == [
         (tmp_path / "hub", "org/name"),
         (tmp_path / "hub", "org/name"),
-        (pathlib.Path(tmp_path / "d"), "org/name"),
+        (tmp_path / "hub", "org/from-file"),
+        (tmp_path / "d", "org/name"),
     ]
 
 
