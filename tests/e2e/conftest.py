@@ -26,8 +26,12 @@ def serve(tmp_path, tiny_model):
         wait: bool = True,
         prefix: tuple[str, ...] = (),
         tmp: pathlib.Path | None = None,
+        model: str | None = None,
+        env: dict[str, str] | None = None,
     ) -> Server:
-        """prefix: a command the supervisor runs under (e.g. unshare); tmp: a TMPDIR to share."""
+        """prefix: a command the supervisor runs under (e.g. unshare); tmp: a TMPDIR to share;
+        model: what to serve instead of the tiny model ("" = none: INTEL_VLLM_MODEL decides);
+        env: more environment for the supervisor."""
         port = free_port()
         # short: IPC socket paths
         tmp = tmp or pathlib.Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))
@@ -35,6 +39,7 @@ def serve(tmp_path, tiny_model):
             "TMPDIR": str(tmp),
             "INTEL_VLLM_DRAIN_TIMEOUT": str(drain),
             "INTEL_VLLM_STATE_FILE": str(tmp / f"state-{port}.json"),
+            **(env or {}),
         }
         s = Server(
             [
@@ -42,7 +47,7 @@ def serve(tmp_path, tiny_model):
                 sys.executable,
                 str(ROOT / "entrypoint.py"),
                 "serve",
-                str(tiny_model),
+                *([str(tiny_model) if model is None else model] if model != "" else []),
                 "--port",
                 str(port),
                 *flags,

@@ -36,7 +36,7 @@ def serve(args: list[str]) -> int:
     probe_port = settings.probe_port()
     plan = make_plan(cfg)  # may raise ConfigError: memory limit too small
     # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
-    from . import janitor, probes
+    from . import hub, janitor, probes
     from .loop import Supervisor
 
     tmp = pathlib.Path(tempfile.gettempdir())
@@ -58,7 +58,15 @@ def serve(args: list[str]) -> int:
         if failed is not None:
             return failed
         run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim
-        return sup.run()
+        # A repo id with the hub on: vLLM downloads it while STARTING; say how far it got.
+        progress = hub.watch_download(
+            cfg.model, cfg.flags or [], lambda: sup.state == settings.State.STARTING
+        )
+        try:
+            return sup.run()
+        finally:
+            if progress:
+                progress.stop()
 
 
 def make_plan(cfg: settings.ServeConfig) -> resources.Plan:
@@ -84,6 +92,12 @@ def patches(args: list[str]) -> int:
     return plugin.main(args)
 
 
+def prefetch(args: list[str]) -> int:
+    from .hub import prefetch as run_prefetch
+
+    return run_prefetch(args)
+
+
 def grace_period(args: list[str]) -> int:
     print(settings.grace_period(settings.drain_seconds()[0]))
     return 0
@@ -106,6 +120,7 @@ COMMANDS = {
     "serve": serve,
     "patches": patches,
     "probe": probe,
+    "prefetch": prefetch,
     "grace-period": grace_period,
     "plan": show_plan,
     "-h": show_help,
@@ -119,7 +134,8 @@ def main(argv: list[str]) -> int:
     try:
         if cmd not in COMMANDS:
             raise ConfigError(
-                f"unknown subcommand {cmd!r} (expected serve, patches, probe, grace-period, plan)"
+                f"unknown subcommand {cmd!r} (expected serve, prefetch, patches, probe, grace-period, "
+                "plan)"
             )
         return COMMANDS[cmd](rest)
     except ConfigError as e:

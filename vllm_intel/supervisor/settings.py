@@ -50,6 +50,7 @@ Kubernetes terminationGracePeriodSeconds = preStop sleep + grace     ({PRESTOP_S
 
 class Exit(enum.IntEnum):
     CONFIG = 64
+    PREFETCH = 69  # EX_UNAVAILABLE: the hub could not give us the model
     UNEXPECTED = 70
     FORCED = 124
     CANNOT_EXEC = 126
@@ -73,6 +74,11 @@ EXIT_CODES = (
         "path, bad or unreadable `--config` file, a vLLM setting the supervisor cannot "
         "work with, unknown subcommand, bad patch name, too long `TMPDIR`) or a container too "
         "small for vLLM (`/dev/shm`, memory limit)",
+    ),
+    (
+        str(Exit.PREFETCH.value),
+        "`prefetch` could not download the model (hub unreachable, unknown repository, "
+        "a gated model without `HF_TOKEN`)",
     ),
     (
         str(Exit.UNEXPECTED.value),
@@ -122,6 +128,14 @@ SETTINGS = (
         "INTEL_VLLM_MODEL",
         "built-in tiny model",
         "what `entrypoint.py` / `entrypoint.py serve` serve with no model argument",
+    ),
+    Setting(
+        "HF_HUB_OFFLINE",
+        "`1` in the images",
+        "the one switch for a model from a Hugging Face hub: `0` lets `prefetch` and vLLM "
+        "download a repo id (e.g. `INTEL_VLLM_MODEL=ORG/NAME`) into `HF_HOME` "
+        "(`/home/vllm/.cache/huggingface`), `HF_TOKEN` for gated models; `1` serves local "
+        "paths and what that cache already holds (see docs/models.md)",
     ),
     Setting("INTEL_VLLM_DEVICE", "`cpu`", "`cpu` or `xpu` (the XPU image sets it)"),
     Setting(
@@ -187,6 +201,7 @@ VLLM_SETTINGS = (
 USAGE = """\
 entrypoint.py                          serve the built-in model ($INTEL_VLLM_MODEL)
 entrypoint.py serve [MODEL] [FLAGS]    vllm serve MODEL FLAGS (flags passed through untouched)
+entrypoint.py prefetch [MODEL] [--revision R]   download MODEL into the hub cache (no-op: local, offline)
 entrypoint.py patches                  patch table: name, state, reason
 entrypoint.py probe ready|live [--port N]   exit 0/1 (compose healthcheck, exec probes)
 entrypoint.py grace-period             the orchestrator grace period for the current settings

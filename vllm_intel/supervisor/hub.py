@@ -1,0 +1,193 @@
+"""A model from a Hugging Face hub: where its cache is, `entrypoint.py prefetch`, and the download
+progress the supervisor logs while vLLM is still STARTING.
+
+Only huggingface_hub's public API and its documented cache layout
+(HF_HUB_CACHE/models--ORG--NAME/{blobs,snapshots,refs}); a download in progress is a blob named
+`*.incomplete` until it is complete and renamed.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import threading
+import time
+
+from . import settings
+from .settings import Exit, log
+
+PROGRESS_S = 10  # how often the download progress is logged
+# A repo id: NAME or ORG/NAME (huggingface_hub's own rule, without a hub round trip).
+REPO_ID = re.compile(r"[\w][\w.-]{0,95}(/[\w][\w.-]{0,95})?")
+# What vLLM's default loader reads next to the weights (config, tokenizer, chat template...).
+AUX_FILES = re.compile(r"[^/]+\.(json|txt|model|tiktoken|jinja|py)")
+# Weight formats in vLLM's order of preference (DefaultModelLoader): the first one present wins,
+# the others are not downloaded. Files under original/ are another checkpoint layout it skips.
+WEIGHTS = (".safetensors", ".bin", ".pt")
+
+
+def online(env=os.environ) -> bool:
+    """huggingface_hub's own reading of HF_HUB_OFFLINE (1/ON/YES/TRUE = offline)."""
+    return env.get("HF_HUB_OFFLINE", "").strip().upper() not in {"1", "ON", "YES", "TRUE"}
+
+
+def cache_dir(env=os.environ) -> pathlib.Path:
+    """HF_HUB_CACHE as huggingface_hub resolves it."""
+    explicit = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if explicit:
+        return pathlib.Path(explicit).expanduser()
+    home = env.get("HF_HOME") or pathlib.Path(
+        env.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache", "huggingface"
+    )
+    return pathlib.Path(home).expanduser() / "hub"
+
+
+def repo_id(model: str | None) -> str | None:
+    """model if it names a hub repository, None for a local path (or nothing)."""
+    if not model or settings.looks_like_path(model) or pathlib.Path(model).exists():
+        return None
+    return model if REPO_ID.fullmatch(model) else None
+
+
+def repo_dir(cache: pathlib.Path, repo: str) -> pathlib.Path:
+    return cache / ("models--" + repo.replace("/", "--"))
+
+
+def progress(cache: pathlib.Path, repo: str) -> tuple[int, int, int]:
+    """(bytes in complete blobs, bytes in partial blobs, number of partial blobs) of one repo."""
+    done = partial = n = 0
+    try:
+        entries = list(os.scandir(repo_dir(cache, repo) / "blobs"))
+    except OSError:
+        return 0, 0, 0
+    for e in entries:
+        try:
+            size = e.stat(follow_symlinks=False).st_size
+        except OSError:  # renamed or removed while we looked
+            continue
+        if e.name.endswith(".incomplete"):
+            partial, n = partial + size, n + 1
+        elif not e.name.endswith(".lock"):
+            done += size
+    return done, partial, n
+
+
+def human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def progress_line(cache: pathlib.Path, repo: str, total: int | None = None) -> str:
+    done, partial, n = progress(cache, repo)
+    have = done + partial
+    of = f" of {human(total)} ({100 * have / total:.0f} %)" if total else ""
+    return f"downloading {repo}: {human(have)}{of} in {cache}" + (
+        f", {n} file{'s' if n != 1 else ''} in progress" if n else ""
+    )
+
+
+class ProgressLogger(threading.Thread):
+    """Logs progress_line every PROGRESS_S while `active()` holds and the bytes change: a
+    directory listing every 10 s, nothing when the model is local or the hub is off."""
+
+    def __init__(self, cache: pathlib.Path, repo: str, active, total: int | None = None):
+        super().__init__(name="hub-progress", daemon=True)
+        self.cache, self.repo, self.active, self.total = cache, repo, active, total
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        last = progress(self.cache, self.repo)
+        while not self.stopped.wait(PROGRESS_S) and self.active():
+            now = progress(self.cache, self.repo)
+            if now != last:
+                log(progress_line(self.cache, self.repo, self.total))
+                last = now
+
+    def stop(self) -> None:
+        self.stopped.set()
+
+
+def watch_download(model: str | None, flags: list[str], active, env=os.environ):
+    """Start logging the download of what `vllm serve` will fetch, if it fetches anything.
+    model, flags: ServeConfig's (the model as vLLM resolves it: positional, --model or the
+    --config file's). Returns the ProgressLogger, or None."""
+    repo = repo_id(model)
+    if repo is None or not online(env):
+        return None
+    download_dir = settings.flag_value(flags, "--download-dir")  # vLLM's cache_dir for the hub
+    cache = pathlib.Path(download_dir) if download_dir else cache_dir(env)
+    t = ProgressLogger(cache, repo, active)
+    t.start()
+    return t
+
+
+def choose_files(names: list[str]) -> list[str]:
+    """The files of a repository vLLM's default loader reads: one weight format, plus config and
+    tokenizer files at the top level."""
+    top = [n for n in names if not n.startswith("original/")]
+    for ext in WEIGHTS:
+        weights = [n for n in top if n.endswith(ext)]
+        if weights:
+            break
+    else:
+        weights = []
+    index = [n for n in top if n.endswith(".index.json")]
+    return sorted(set(weights) | set(index) | {n for n in top if AUX_FILES.fullmatch(n)})
+
+
+def prefetch(args: list[str], env=os.environ) -> int:
+    """`entrypoint.py prefetch [MODEL] [--revision R]`: download MODEL (default INTEL_VLLM_MODEL)
+    into the hub cache before `serve` starts (a Kubernetes init container), so the startupProbe
+    only covers loading and compiling. A local path or HF_HUB_OFFLINE=1: nothing to do, exit 0."""
+    flags = list(args)
+    model = flags.pop(0) if flags and not flags[0].startswith("-") else None
+    model = model or settings.flag_value(flags, "--model") or env.get("INTEL_VLLM_MODEL")
+    revision = settings.flag_value(flags, "--revision")
+    known = ("--model", "--revision")
+    unknown = [f for f in flags if f.startswith("-") and f.split("=")[0] not in known]
+    if unknown:
+        raise settings.ConfigError(f"prefetch: unknown flag {unknown[0]} (expected --revision)")
+    if model and settings.looks_like_path(model) and not pathlib.Path(model).expanduser().exists():
+        raise settings.ConfigError(f"model path {model} does not exist")
+    repo = repo_id(model)
+    if repo is None:
+        log(f"prefetch: {model or 'the built-in model'} is local, nothing to download")
+        return 0
+    cache = cache_dir(env)
+    if not online(env):
+        log(f"prefetch: HF_HUB_OFFLINE is set, not downloading {repo} (serve uses {cache})")
+        return 0
+    try:
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()  # \r-redrawn bars make noise in container logs; ProgressLogger
+    except ImportError as e:
+        log(f"prefetch: huggingface_hub cannot be imported: {e}")
+        return Exit.NOT_FOUND
+    try:
+        listing = snapshot_download(repo, revision=revision, cache_dir=cache, dry_run=True)
+        files = choose_files([f.filename for f in listing])
+        total = sum(f.file_size or 0 for f in listing if f.filename in files)
+        todo = sum(f.file_size or 0 for f in listing if f.filename in files and f.will_download)
+        log(
+            f"prefetch: {repo}{'@' + revision if revision else ''}: {len(files)} files, "
+            f"{human(total)}, {human(todo)} to download into {cache}"
+        )
+        t0 = time.monotonic()
+        logger = ProgressLogger(cache, repo, lambda: True, total)
+        logger.start()
+        try:
+            path = snapshot_download(repo, revision=revision, cache_dir=cache, allow_patterns=files)
+        finally:
+            logger.stop()
+    except Exception as e:  # noqa: BLE001 - any failure here is "could not download": one line
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        log(f"prefetch: cannot download {repo}: {type(e).__name__}: {first}")
+        return Exit.PREFETCH
+    log(f"prefetch: {repo} complete in {time.monotonic() - t0:.0f} s: {path}")
+    return 0
