@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,image,rolling]
+"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,image,rolling]
 
 Measures each figure for our variant and its alternative in one run on this machine, alternating
 A/B/A/B so drift hits both alike, prints a Markdown table (min / median / max of the repeats) and
@@ -22,6 +22,7 @@ SECTIONS = (
     "image",
     "overhead",
     "idle",
+    "limits",
     "patches",
     "drain",
     "rolling",
