@@ -2,7 +2,7 @@
 
 Both arms: compose.yaml + compose.replicas.yaml (2 CPU replicas, `--enforce-eager`,
 the LB image with deploy/haproxy/haproxy.cfg), the client load of tests/harness/rolling.py (LOAD: 2
-threads of 256-token streams, 2 of 16-token completions, 2 of ~15 s streams, on the LB's 127.0.0.1 port; drain
+threads of 256-token streams, 2 of 16-token completions, 2 of ~8 s streams, on the LB's 127.0.0.1 port; drain
 DRAIN_S), 15 s of steady state,
 then `scripts/rolling-restart.sh`, then 5 s more.
 - ours: the image as shipped (entrypoint.py drains on SIGTERM);
@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 
 from tests.harness import build_image
-from tests.harness.rolling import DRAIN_S, LOAD, Deployment, rollout, summary
+from tests.harness.rolling import DRAIN_S, LB_DRAIN_S, LOAD, Deployment, rollout, summary
 
 from .common import ROOT, Row, log, record
 from .dockerutil import IMAGE, engine
@@ -30,6 +30,7 @@ def one(kind: str) -> dict:
         f"vllm-intel-bench-rolling-{os.getpid()}-{kind}",
         bare=kind == "bare",
         drain=DRAIN_S,
+        lb_drain=LB_DRAIN_S,
         log_dir=ROOT / "bench" / "results" / "logs",
     )
     try:

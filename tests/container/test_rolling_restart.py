@@ -20,7 +20,7 @@ import time
 import pytest
 
 from tests.harness import build_image
-from tests.harness.rolling import DRAIN_S, LOAD, Deployment, rollout, save, summary
+from tests.harness.rolling import DRAIN_S, LB_DRAIN_S, LOAD, Deployment, rollout, save, summary
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -39,7 +39,12 @@ def lb_image(docker_host) -> str:
 def test_rolling_restart_loses_no_request(cpu_image, lb_image):
     t = time.monotonic()
     dep = Deployment(
-        cpu_image(), lb_image, f"vllm-intel-rolling-{os.getpid()}", bare=BARE, drain=DRAIN_S
+        cpu_image(),
+        lb_image,
+        f"vllm-intel-rolling-{os.getpid()}",
+        bare=BARE,
+        drain=DRAIN_S,
+        lb_drain=LB_DRAIN_S,
     )
     try:
         up = dep.up()

@@ -27,20 +27,27 @@ BARE_FILE = ROOT / "bench" / "compose.bare-vllm.yaml"
 
 
 # The client load of the test and the bench: streams of 256 tokens (~1-3 s each on 2 idle cores),
-# 16-token completions, and long streams of ~15 s (sized from the rate the streams see): the LB's
-# drain step (5 s) ends no long stream, so each replica's own drain has work at its SIGTERM, which
-# it must finish within DRAIN_S.
+# 16-token completions, and long streams sized to last ~8 s at the rate the streams see (at most
+# LONG_MAX_TOKENS): the LB's drain step (LB_DRAIN_S) ends few long streams, so each replica's own
+# drain has work at its SIGTERM, which it must finish within DRAIN_S even when the replica
+# starting next to it slows generation down several times. Each client pauses `pause_s` between two
+# requests: saturating both cores made a restarted replica take 130-160 s to start instead of ~70.
 LOAD = dict(
     streams=2,
     shorts=2,
     longs=2,
-    long_s=15,
+    long_s=8,
+    pause_s=0.5,
     stream_tokens=256,
     short_tokens=16,
     max_requests=4000,
     max_seconds=900,
 )
-DRAIN_S = 60  # a long stream slowed down by a replica starting next to it still fits
+LONG_MAX_TOKENS = (
+    1000  # ~30 tokens/s per stream was seen while both replicas ran: 33 s, within DRAIN_S
+)
+DRAIN_S = 60
+LB_DRAIN_S = 2  # HAProxy stops sending at once; the 5 s default stands for Kubernetes' preStop
 
 
 class Deployment:
@@ -54,6 +61,7 @@ class Deployment:
         *,
         bare: bool = False,
         drain: int = 30,
+        lb_drain: int = 5,
         replicas: int = 2,
         lb_config: str | None = None,
         log_dir=None,
@@ -74,6 +82,7 @@ class Deployment:
             INTEL_VLLM_STOP_GRACE_PERIOD=f"{drain + 15}s",
             INTEL_VLLM_CPU_COMMAND="serve --enforce-eager",
             INTEL_VLLM_HEALTH_INTERVAL="2s",
+            LB_DRAIN_SECONDS=str(lb_drain),
         )
         if lb_config:
             self.env["INTEL_VLLM_LB_CONFIG"] = str(lb_config)
@@ -165,13 +174,14 @@ class Load:
         short_tokens: int = 16,
         longs: int = 0,
         long_s: float = 15,
+        pause_s: float = 0,
         max_requests: int = 5000,
         max_seconds: float = 900,
         timeout: float = 120,
     ):
         self.url, self.model, self.timeout = url, model, timeout
         self.stream_tokens, self.short_tokens = stream_tokens, short_tokens
-        self.long_s = long_s
+        self.long_s, self.pause_s = long_s, pause_s
         self.rates: list[float] = []  # tokens/s of the last successful streams
         self.max_requests, self.deadline = max_requests, time.monotonic() + max_seconds
         self.done: list[Request] = []
@@ -193,6 +203,7 @@ class Load:
             r = self._short() if kind == "short" else self._stream(kind)
             with self.lock:
                 self.done.append(r)
+            self.stopping.wait(self.pause_s)
 
     def _stream(self, kind: str) -> Request:
         start = time.monotonic()
@@ -223,7 +234,7 @@ class Load:
             rate = statistics.median(self.rates) if self.rates else None
         if rate is None:
             return self.stream_tokens
-        return max(self.stream_tokens, min(int(rate * self.long_s), 8000))
+        return max(self.stream_tokens, min(int(rate * self.long_s), LONG_MAX_TOKENS))
 
     def _short(self) -> Request:
         start = time.monotonic()
