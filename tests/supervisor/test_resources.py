@@ -25,15 +25,9 @@ def tree(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
     return root
 
 
-def sysfs(root: pathlib.Path, nodes: dict[int, str], siblings: dict[int, int] | None = None):
-    """nodes: node -> cpulist; siblings: cpu -> core id (default: every CPU its own core)."""
-    files = {f"node/node{n}/cpulist": cpus for n, cpus in nodes.items()}
-    for cpus in nodes.values():
-        for c in r.parse_cpu_list(cpus):
-            core = (siblings or {}).get(c, c)
-            files[f"cpu/cpu{c}/topology/core_id"] = str(core)
-            files[f"cpu/cpu{c}/topology/physical_package_id"] = "0"
-    return tree(root, files)
+def sysfs(root: pathlib.Path, nodes: dict[int, str]):
+    """nodes: node -> cpulist."""
+    return tree(root, {f"node/node{n}/cpulist": cpus for n, cpus in nodes.items()})
 
 
 def v2(tmp_path, cpu_max="max", memory_max="max", cpuset=None, extra=None):
@@ -47,8 +41,8 @@ def v2(tmp_path, cpu_max="max", memory_max="max", cpuset=None, extra=None):
     return tree(tmp_path / "cg", {**files, **(extra or {})})
 
 
-def limits(tmp_path, cg, cpus=range(4), nodes=None, siblings=None, self_cgroup=""):
-    sys_root = sysfs(tmp_path / "sys", nodes or {0: r.format_cpu_list(cpus)}, siblings)
+def limits(tmp_path, cg, cpus=range(4), nodes=None, self_cgroup=""):
+    sys_root = sysfs(tmp_path / "sys", nodes or {0: r.format_cpu_list(cpus)})
     return r.read_limits(cg, sys_root, affinity=set(cpus), self_cgroup=self_cgroup)
 
 
@@ -103,49 +97,40 @@ def test_no_cgroup_at_all(tmp_path):
     lim = limits(tmp_path, tmp_path / "cg")
     assert (lim.cgroup, lim.quota, lim.memory, lim.cpus) == ("none", None, None, (0, 1, 2, 3))
     p = plan(lim)
-    assert p.env == {"VLLM_CPU_KVCACHE_SPACE": "1"} and p.affinity is None
+    assert p.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
 # ---------------------------------------------------------------------------- threads
 
 
 @pytest.mark.parametrize(
-    "quota, bind, affinity",
+    "quota, threads",
     [
-        ("100000 100000", "0", [0]),  # 1 CPU of 4: one thread, everything on that CPU
-        ("150000 100000", "0", [0]),  # floor: 1.5 CPUs -> 1
-        ("50000 100000", "0", [0]),  # below one CPU: still one (vLLM needs one per worker)
-        ("300000 100000", "0-1", [0, 1, 2]),  # 3 CPUs: 2 threads + 1 for the engine core
+        ("100000 100000", "1"),  # 1 CPU of 4: one thread
+        ("150000 100000", "1"),  # floor: 1.5 CPUs -> 1
+        ("50000 100000", "1"),  # below one CPU: still one (vLLM needs one per worker)
+        ("300000 100000", "3"),  # 3 CPUs of 4
     ],
 )
-def test_quota_below_the_affinity_set_binds_floor_quota_cpus(tmp_path, quota, bind, affinity):
+def test_quota_below_the_affinity_set_sets_floor_quota_threads_unpinned(tmp_path, quota, threads):
     p = plan(limits(tmp_path, v2(tmp_path, quota)))
-    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == bind
-    assert p.affinity == affinity
-    assert f"VLLM_CPU_OMP_THREADS_BIND={bind}" in p.line()
+    # Not pinned: other containers may share these CPUs, and all pinning alike would collide.
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert p.env["OMP_NUM_THREADS"] == threads
+    assert f"OMP_NUM_THREADS={threads}" in p.line() and "not pinned" in p.line()
 
 
 @pytest.mark.parametrize("quota", ["400000 100000", "800000 100000", "max 100000"])
 def test_quota_equal_or_above_or_none_leaves_vllm_auto(tmp_path, quota):
     p = plan(limits(tmp_path, v2(tmp_path, quota)))
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in p.env and p.affinity is None
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in p.env and "OMP_NUM_THREADS" not in p.env
     assert "vLLM auto over the 4 allowed CPUs" in p.line()
 
 
-def test_smt_siblings_one_thread_per_physical_core(tmp_path):
-    """Intel numbering: CPUs 0/2 and 1/3 are siblings; vLLM binds the highest sibling."""
-    lim = limits(tmp_path, v2(tmp_path, "200000 100000"), siblings={0: 0, 2: 0, 1: 1, 3: 1})
-    p = plan(lim)
-    assert p.affinity == [2, 3] and p.env["VLLM_CPU_OMP_THREADS_BIND"] == "2"
-
-
-def test_tensor_parallel_ranks_one_numa_node_each(tmp_path):
+def test_tensor_parallel_shares_the_quota_between_workers(tmp_path):
     lim = limits(tmp_path, v2(tmp_path, "400000 100000"), range(8), nodes={0: "0-3", 1: "4-7"})
     p = plan(lim, ["--tensor-parallel-size", "2"])
-    # 2 CPUs per rank on its own node; vLLM's auto binding keeps one CPU per worker for the
-    # engine core, so does the plan
-    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "0|4"
-    assert p.affinity == [0, 1, 4, 5]
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and p.env["OMP_NUM_THREADS"] == "2"
 
 
 def test_tensor_parallel_larger_than_the_cpus_is_one_line_error(tmp_path):
@@ -157,8 +142,11 @@ def test_tensor_parallel_larger_than_the_cpus_is_one_line_error(tmp_path):
 def test_users_bind_wins_and_is_logged_as_yours(tmp_path):
     lim = limits(tmp_path, v2(tmp_path, "100000 100000"))
     p = plan(lim, env={"VLLM_CPU_OMP_THREADS_BIND": "1-3"})
-    assert "VLLM_CPU_OMP_THREADS_BIND" not in p.env and p.affinity is None
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in p.env and "OMP_NUM_THREADS" not in p.env
     assert "VLLM_CPU_OMP_THREADS_BIND=1-3 (yours)" in p.line()
+    p = plan(lim, env={"OMP_NUM_THREADS": "2"})
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in p.env and "OMP_NUM_THREADS" not in p.env
+    assert "OMP_NUM_THREADS=2 (yours)" in p.line()
 
 
 def test_plan_off_sets_nothing(tmp_path):
@@ -166,7 +154,7 @@ def test_plan_off_sets_nothing(tmp_path):
         limits(tmp_path, v2(tmp_path, "100000 100000", str(8 * GiB))),
         env={"INTEL_VLLM_CPU_PLAN": "0"},
     )
-    assert p.env == {} and p.affinity is None and "plan: off" in p.line()
+    assert p.env == {} and "plan: off" in p.line()
     with pytest.raises(ConfigError, match="INTEL_VLLM_CPU_PLAN"):
         plan(limits(tmp_path, v2(tmp_path)), env={"INTEL_VLLM_CPU_PLAN": "yes"})
 

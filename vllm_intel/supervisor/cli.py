@@ -45,9 +45,6 @@ def serve(args: list[str]) -> int:
         # After the sweep (a dead run's segments no longer count), before anything starts.
         resources.check_shm(settings.shm_dir(), plan.shm_needed)
         log(plan.line())
-        if plan.affinity:
-            # Inherited by every vLLM process: API server, engine core, workers.
-            os.sched_setaffinity(0, plan.affinity)
         Supervisor.block_signals()
         if probe_port is not None:
             try:

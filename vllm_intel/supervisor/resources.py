@@ -1,6 +1,5 @@
 """What the container gives vLLM (CPUs, CPU quota, memory limit, NUMA nodes, /dev/shm) and the
-plan that fits vLLM's CPU backend into it: OpenMP threads, the CPUs vLLM's processes may use, the
-KV cache size, and the preflight checks that fail in one line before anything starts.
+plan that fits vLLM's CPU backend into it: OpenMP threads, the KV cache size, and the preflight checks that fail in one line before anything starts.
 
 Read-only and cheap (a few small files under /sys, no vLLM import): `entrypoint.py plan` and
 `entrypoint.py serve` both use it. The roots (/sys/fs/cgroup, /sys/devices/system) are parameters
@@ -9,9 +8,10 @@ so that tests can hand it fake trees.
 Why a plan at all: vLLM's CPU worker sizes its OpenMP threads from the affinity mask
 (vllm/utils/ompmultiprocessing.py, `VLLM_CPU_OMP_THREADS_BIND=auto`: one logical CPU per physical
 core of the allowed set, minus one reserved CPU per worker for the engine core), never from the CFS
-quota (`docker --cpus`, Kubernetes limits.cpu). Under a quota smaller than the affinity set, its
-processes run spread over more CPUs than they may use and get throttled; confining them to
-floor(quota) CPUs makes a quota behave like a cpuset. And its KV cache is either a fixed
+quota (`docker --cpus`, Kubernetes limits.cpu). Under a quota smaller than the affinity set, it
+runs more threads than the quota can keep running, and they get throttled in turn; floor(quota)
+threads fit. They are not pinned: that affinity set is shared with other containers, and pinning
+them all the same way (as `auto` does) piles them onto the same cores. And its KV cache is either a fixed
 `VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
 """
 
@@ -106,7 +106,6 @@ class Limits:
     quota: float | None
     memory: int | None
     nodes: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    cores: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def describe(self) -> str:
         quota = "no CPU quota" if self.quota is None else f"quota {self.quota:g} CPUs"
@@ -210,17 +209,12 @@ def read_limits(
             mine = tuple(c for c in parse_cpu_list(listed) if c in cpus)
             if mine:
                 nodes[int(node_dir.name[4:])] = mine
-    cores = {}
-    for c in cpus:
-        topo = sys_root / "cpu" / f"cpu{c}" / "topology"
-        pkg, core = _int(_read(topo / "physical_package_id")), _int(_read(topo / "core_id"))
-        cores[c] = (pkg or 0, core if core is not None else 100000 + c)
-    return Limits(kind, tuple(sorted(cpus)), quota, memory, nodes, cores)
+    return Limits(kind, tuple(sorted(cpus)), quota, memory, nodes)
 
 
 # ------------------------------------------------------------------------------------- plan
 
-PLANNED = ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")
+PLANNED = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE")
 
 
 def _int_flag(flags: list[str], names: tuple[str, ...], default: int = 1) -> int:
@@ -268,29 +262,12 @@ def weights_bytes(model: str | None) -> int | None:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.name.endswith(exts))
 
 
-def pick_cpus(limits: Limits, count: int) -> list[int]:
-    """`count` CPUs of the allowed set the way vLLM's auto binding orders them: NUMA node by
-    node, one logical CPU per physical core first (the highest sibling, as vLLM does on x86),
-    then the other siblings."""
-    by_node = limits.nodes or {0: limits.cpus}
-    first, rest = [], []
-    for node in sorted(by_node):
-        seen: dict[tuple[int, int], list[int]] = {}
-        for c in sorted(by_node[node]):
-            seen.setdefault(limits.cores.get(c, (0, c)), []).append(c)
-        for siblings in seen.values():
-            first.append(siblings[-1])
-            rest.extend(siblings[:-1])
-    return (first + rest)[:count]
-
-
 @dataclass
 class Plan:
     limits: Limits
     device: str
     env: dict[str, str]  # set in vLLM's environment by the entrypoint
     yours: dict[str, str]  # the user's values, kept as they are
-    affinity: list[int] | None  # CPUs vLLM's processes are confined to (None: unchanged)
     threads: str  # how the OpenMP threads are decided, for the log line
     kv: str  # how the KV cache is sized, for the log line
     shm_needed: int
@@ -321,7 +298,7 @@ def plan(
     enabled = env.get("INTEL_VLLM_CPU_PLAN", "1") != "0"
     if env.get("INTEL_VLLM_CPU_PLAN", "1") not in ("0", "1"):
         raise ConfigError(f"INTEL_VLLM_CPU_PLAN must be 0 or 1, not {env['INTEL_VLLM_CPU_PLAN']!r}")
-    p = Plan(limits, device, {}, {}, None, "vLLM's", "vLLM's", shm_needed, enabled)
+    p = Plan(limits, device, {}, {}, "vLLM's", "vLLM's", shm_needed, enabled)
     if device != "cpu":
         return p
     yours = {k: env[k] for k in PLANNED if env.get(k)}
@@ -332,13 +309,16 @@ def plan(
 
     # -- threads
     quota, allowed = limits.quota, limits.cpus
-    if "VLLM_CPU_OMP_THREADS_BIND" in yours:
+    if "VLLM_CPU_OMP_THREADS_BIND" in yours or "OMP_NUM_THREADS" in yours:
         p.threads = "yours"
     elif quota is None or quota >= len(allowed):
         p.threads = f"vLLM auto over the {len(allowed)} allowed CPUs (no quota below them)"
     elif enabled:
         # floor: threads that need more CPU than the quota grants get throttled in turn; at
-        # least one CPU per worker, which is what vLLM needs to start at all.
+        # least one per worker, which is what vLLM needs to start at all. Not pinned: a quota
+        # below the allowed CPUs means CPUs shared with other containers, and every container
+        # pinning its threads the same way (vLLM's `auto` does: the first cores of the node)
+        # would pile them all onto the same CPUs while the others idle.
         count = max(workers, math.floor(quota))
         if count > len(allowed):
             raise ConfigError(
@@ -346,32 +326,11 @@ def plan(
                 f"allows {len(allowed)}: give it more CPUs or lower --tensor-parallel-size"
             )
         per = count // workers
-        if workers > 1 and len(limits.nodes) >= workers:
-            # as vLLM's auto binding: rank N on the N-th NUMA node
-            nodes = sorted(limits.nodes)
-            ranks = [
-                pick_cpus(Limits(limits.cgroup, limits.nodes[n], None, None, {}, limits.cores), per)
-                for n in nodes[:workers]
-            ]
-        else:
-            picked = pick_cpus(limits, per * workers)
-            ranks = [picked[i * per : (i + 1) * per] for i in range(workers)]
-        cpus = sorted(c for r in ranks for c in r)
-        # vLLM's auto binding reserves one CPU per worker for the engine core and the API
-        # server when there are more CPUs than that (ompmultiprocessing.py); an explicit list
-        # gets no reservation, so take it out here, from the last rank first as vLLM does.
-        reserved: list[int] = []
-        if len(cpus) > workers:
-            for i in range(workers - 1, -1, -1):
-                if len(ranks[i]) > 1 and len(reserved) < workers:
-                    reserved.append(ranks[i].pop())
-        p.env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(format_cpu_list(r) for r in ranks)
-        p.affinity = sorted(cpus)
-        threads = sum(len(r) for r in ranks)
+        p.env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        p.env["OMP_NUM_THREADS"] = str(per)
         p.threads = (
-            f"{threads} OpenMP thread(s) on CPUs {p.env['VLLM_CPU_OMP_THREADS_BIND']}"
-            + (f", CPU {format_cpu_list(reserved)} for the engine core" if reserved else "")
-            + f"; vLLM's processes confined to CPUs {format_cpu_list(cpus)} (quota {quota:g})"
+            f"{per} OpenMP thread(s) per worker x {workers} worker(s), not pinned "
+            f"(quota {quota:g} CPUs of {len(allowed)} allowed)"
         )
 
     # -- KV cache (GiB, an integer: vLLM reads int(VLLM_CPU_KVCACHE_SPACE))

@@ -163,10 +163,10 @@ SETTINGS = (
     Setting(
         "INTEL_VLLM_CPU_PLAN",
         "`1`",
-        "CPU image: `1` = size OpenMP threads and their CPUs from the CPU quota and "
+        "CPU image: `1` = OpenMP threads from the CPU quota (`OMP_NUM_THREADS`, not pinned) and "
         "`VLLM_CPU_KVCACHE_SPACE` from the memory limit (see `entrypoint.py plan`); `0` = leave "
-        "vLLM's own defaults. Your own `VLLM_CPU_OMP_THREADS_BIND` / `VLLM_CPU_KVCACHE_SPACE` "
-        "always win.",
+        "vLLM's own defaults. Your own `VLLM_CPU_OMP_THREADS_BIND` / `OMP_NUM_THREADS` / "
+        "`VLLM_CPU_KVCACHE_SPACE` always win.",
     ),
     Setting(
         "INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
