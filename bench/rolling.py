@@ -2,7 +2,7 @@
 
 Both arms: compose.yaml + compose.replicas.yaml (2 CPU replicas, `--enforce-eager`,
 the LB image with deploy/haproxy/haproxy.cfg), the client load of tests/harness/rolling.py (LOAD: 2
-threads of 256-token streams, 2 of 16-token completions, 2 of ~8 s streams, on the LB's 127.0.0.1 port; drain
+threads of 256-token streams, 2 of 16-token completions, 2 of ~10 s streams, on the LB's 127.0.0.1 port; drain
 DRAIN_S), 15 s of steady state,
 then `scripts/rolling-restart.sh`, then 5 s more.
 - ours: the image as shipped (entrypoint.py drains on SIGTERM);

@@ -27,7 +27,7 @@ BARE_FILE = ROOT / "bench" / "compose.bare-vllm.yaml"
 
 
 # The client load of the test and the bench: streams of 256 tokens (~1-3 s each on 2 idle cores),
-# 16-token completions, and long streams sized to last ~8 s at the rate the streams see (at most
+# 16-token completions, and long streams sized to last ~10 s at the rate the streams see (at most
 # LONG_MAX_TOKENS): the LB's drain step (LB_DRAIN_S) ends few long streams, so each replica's own
 # drain has work at its SIGTERM, which it must finish within DRAIN_S even when the replica
 # starting next to it slows generation down several times. Each client pauses `pause_s` between two
@@ -36,7 +36,7 @@ LOAD = dict(
     streams=2,
     shorts=2,
     longs=2,
-    long_s=8,
+    long_s=10,
     pause_s=0.5,
     stream_tokens=256,
     short_tokens=16,
@@ -47,7 +47,7 @@ LONG_MAX_TOKENS = (
     1000  # ~30 tokens/s per stream was seen while both replicas ran: 33 s, within DRAIN_S
 )
 DRAIN_S = 60
-LB_DRAIN_S = 2  # HAProxy stops sending at once; the 5 s default stands for Kubernetes' preStop
+LB_DRAIN_S = 1  # HAProxy stops sending at once; the 5 s default stands for Kubernetes' preStop
 
 
 class Deployment:
