@@ -143,8 +143,8 @@ def test_prefetch_is_a_noop_for_local_models_and_offline(tmp_path, tiny_model):
 def test_prefetch_bad_input_and_unreachable_hub(tmp_path):
     r = entrypoint("prefetch", "/no/such/model", env={})
     assert r.returncode == settings.Exit.CONFIG and r.stderr.count("\n") == 1, r.stderr
-    r = entrypoint("prefetch", "org/name", "--frobnicate", env={})
-    assert r.returncode == settings.Exit.CONFIG and "--frobnicate" in r.stderr
+    r = entrypoint("prefetch", "org/name", "--revision", env={})
+    assert r.returncode == settings.Exit.CONFIG and "--revision needs a value" in r.stderr
     # A hub that refuses connections (a port nothing listens on): one line, exit 69, fast.
     env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}
     t0 = time.monotonic()
@@ -214,3 +214,22 @@ def test_prefetch_downloads_what_vllm_reads_from_a_hub(tmp_path, tiny_model):
     assert re.search(r"downloading org/name: .* of .* \(\d+ %\)", first.stderr), first.stderr
     assert again.returncode == 0 and "0 B to download" in again.stderr, again.stderr
     assert after == downloads  # the cache answered: nothing fetched twice
+
+
+def test_prefetch_takes_the_servers_arguments(tmp_path, tiny_model):
+    """An init container given the server's own arguments downloads what serve will read: the
+    model and --revision from its --config file, into --download-dir; serve-only flags pass."""
+    conf = tmp_path / "serve.yaml"
+    conf.write_text(f"model: org/name\nrevision: {REVISION}\nport: 9000\n")
+    into = tmp_path / "models"
+    args = ["--config", str(conf), "--download-dir", str(into), "--enforce-eager", "-tp", "1"]
+    with FakeHub(tiny_model, "org/name", {}) as fake:
+        env = {"HF_HOME": str(tmp_path / "home"), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": fake.url}
+        r = entrypoint("prefetch", *args, env=env)
+        asked = [p for m, p in fake.requests if m == "GET"]
+    assert r.returncode == 0, r.stderr
+    assert f"prefetch: org/name@{REVISION}: 6 files" in r.stderr and str(into) in r.stderr
+    assert any(f"/resolve/{REVISION}/" in p for p in asked), asked
+    snap = hub.repo_dir(into, "org/name") / "snapshots" / REVISION
+    assert (snap / "config.json").read_bytes() == (tiny_model / "config.json").read_bytes()
+    assert not (tmp_path / "home" / "hub").exists()  # not the default cache

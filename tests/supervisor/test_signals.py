@@ -254,9 +254,9 @@ def test_vllm_not_installed_is_127(tmp_path):
 def test_grace_period_follows_the_formula(tmp_path):
     import subprocess
 
-    def grace(**env):
+    def grace(*args, **env):
         return subprocess.run(
-            [sys.executable, str(ROOT / "entrypoint.py"), "grace-period"],
+            [sys.executable, str(ROOT / "entrypoint.py"), "grace-period", *args],
             capture_output=True,
             text=True,
             env=dict(os.environ, **env),
@@ -265,6 +265,12 @@ def test_grace_period_follows_the_formula(tmp_path):
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="30") == "45"
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="120") == "135"
     assert grace(INTEL_VLLM_DRAIN_TIMEOUT="0", INTEL_VLLM_DEVICE="xpu") == "20"
+    # serve's own --shutdown-timeout, on the command line or in its --config file, beats the env
+    conf = tmp_path / "serve.yaml"
+    conf.write_text("shutdown-timeout: 200\n")
+    assert grace("--shutdown-timeout=100", INTEL_VLLM_DRAIN_TIMEOUT="30") == "115"
+    assert grace("m", "--config", str(conf), INTEL_VLLM_DRAIN_TIMEOUT="30") == "215"
+    assert grace("--config", str(conf), "--shutdown-timeout", "60") == "75"
 
 
 def test_orphans_that_exit_are_reaped(run, tmp_path):

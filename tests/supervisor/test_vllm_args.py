@@ -70,6 +70,17 @@ CASES = [
     ("api-server-count", [M, "-asc", "2", "--uds", "/tmp/s"], {}),
     ("ssl", [M, "--ssl-certfile", "/c.pem", "--ssl-keyfile=/k.pem", "--ssl-cert-reqs", "2"], {}),
     ("negative port", [M, "--port", "-5"], {}),
+    (
+        "parallel and hub",
+        [M, "-tp", "2", "--pipeline_parallel_size=3", "--revision", "v1", "--download-dir=/d"],
+        {},
+    ),
+    (
+        "parallel in config",
+        [M, "--config", "{d}/c.yaml", "-pp", "2"],
+        {"c.yaml": "tensor-parallel-size: 4\npipeline-parallel-size: 3\nrevision: abc\n"},
+    ),
+    ("bad tp", [M, "--tensor-parallel-size", "two"], {}),
     # Both refuse:
     ("bad int", [M, "--port", "80a"], {}),
     ("float in yaml", [M, "--config", "{d}/c.yaml"], {"c.yaml": "port: 9000.0\n"}),
@@ -107,9 +118,19 @@ FIELDS = [
     "ssl_certfile",
     "ssl_keyfile",
     "ssl_cert_reqs",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+    "revision",
+    "download_dir",
 ]
 # vLLM's defaults, where resolve() says None (nobody gave a value).
-DEFAULTS = {"port": 8000, "shutdown_timeout": 0, "ssl_cert_reqs": 0}
+DEFAULTS = {
+    "port": 8000,
+    "shutdown_timeout": 0,
+    "ssl_cert_reqs": 0,
+    "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1,
+}
 
 REAL_PARSER = textwrap.dedent(
     """

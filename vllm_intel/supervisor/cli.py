@@ -96,7 +96,9 @@ def prefetch(args: list[str]) -> int:
 
 
 def grace_period(args: list[str]) -> int:
-    print(settings.grace_period(settings.drain_seconds()[0]))
+    """`entrypoint.py grace-period [MODEL] [FLAGS]`: the grace for `serve` with these arguments
+    (their --shutdown-timeout, on the command line or in its --config file, else the env)."""
+    print(settings.grace_period(settings.drain_seconds(args)[0]))
     return 0
 
 

@@ -16,6 +16,7 @@ import time
 
 from . import settings
 from .settings import Exit, log
+from .vllm_args import VllmArgs, resolve
 
 PROGRESS_S = 10  # how often the download progress is logged
 # A repo id: NAME or ORG/NAME (huggingface_hub's own rule, without a hub round trip).
@@ -118,8 +119,7 @@ def watch_download(model: str | None, flags: list[str], active, env=os.environ):
     repo = repo_id(model)
     if repo is None or not online(env):
         return None
-    download_dir = settings.flag_value(flags, "--download-dir")  # vLLM's cache_dir for the hub
-    cache = pathlib.Path(download_dir) if download_dir else cache_dir(env)
+    cache = serve_cache(resolve(flags), env)
     t = ProgressLogger(cache, repo, active)
     t.start()
     return t
@@ -139,25 +139,28 @@ def choose_files(names: list[str]) -> list[str]:
     return sorted(set(weights) | set(index) | {n for n in top if AUX_FILES.fullmatch(n)})
 
 
+def serve_cache(found: VllmArgs, env=os.environ) -> pathlib.Path:
+    """Where `vllm serve` keeps the hub's files: its --download-dir, else the hub cache."""
+    return pathlib.Path(found.download_dir) if found.download_dir else cache_dir(env)
+
+
 def prefetch(args: list[str], env=os.environ) -> int:
-    """`entrypoint.py prefetch [MODEL] [--revision R]`: download MODEL (default INTEL_VLLM_MODEL)
-    into the hub cache before `serve` starts (a Kubernetes init container), so the startupProbe
-    only covers loading and compiling. A local path or HF_HUB_OFFLINE=1: nothing to do, exit 0."""
-    flags = list(args)
-    model = flags.pop(0) if flags and not flags[0].startswith("-") else None
-    model = model or settings.flag_value(flags, "--model") or env.get("INTEL_VLLM_MODEL")
-    revision = settings.flag_value(flags, "--revision")
-    known = ("--model", "--revision")
-    unknown = [f for f in flags if f.startswith("-") and f.split("=")[0] not in known]
-    if unknown:
-        raise settings.ConfigError(f"prefetch: unknown flag {unknown[0]} (expected --revision)")
+    """`entrypoint.py prefetch [MODEL] [FLAGS]`: download what `entrypoint.py serve [MODEL]
+    [FLAGS]` would (the model, --revision, into --download-dir or the hub cache, from the command
+    line or its --config file, as vLLM reads them; the other serve flags are ignored) before
+    serve starts, e.g. in a Kubernetes init container given the server's arguments, so the
+    startupProbe only covers loading and compiling. A local path or HF_HUB_OFFLINE=1: nothing to
+    do, exit 0."""
+    found = resolve(args)
+    model = found.model or env.get("INTEL_VLLM_MODEL")
+    revision = found.revision
     if model and settings.looks_like_path(model) and not pathlib.Path(model).expanduser().exists():
         raise settings.ConfigError(f"model path {model} does not exist")
     repo = repo_id(model)
     if repo is None:
         log(f"prefetch: {model or 'the built-in model'} is local, nothing to download")
         return 0
-    cache = cache_dir(env)
+    cache = serve_cache(found, env)
     if not online(env):
         log(f"prefetch: HF_HUB_OFFLINE is set, not downloading {repo} (serve uses {cache})")
         return 0

@@ -32,6 +32,10 @@ What the supervisor relies on, and why:
   disable-log-stats     vLLM then exports no vllm:* metrics: no request counts in the exit line
   api-server-count > 1  fine: the servers share the port, /metrics is aggregated over processes
   root-path             fine: it only strips a proxy prefix, /health still answers at /health
+  tensor-/pipeline-parallel-size
+                        workers: the CPU plan's threads and the /dev/shm vLLM's queues need
+  revision, download-dir
+                        what `prefetch` downloads and where, the download progress logged
 """
 
 from __future__ import annotations
@@ -55,8 +59,19 @@ FLAGS = {
     "ssl_certfile": (("--ssl-certfile",), True),
     "ssl_keyfile": (("--ssl-keyfile",), True),
     "ssl_cert_reqs": (("--ssl-cert-reqs",), True),
+    "tensor_parallel_size": (("--tensor-parallel-size", "-tp"), True),
+    "pipeline_parallel_size": (("--pipeline-parallel-size", "-pp"), True),
+    "revision": (("--revision",), True),
+    "download_dir": (("--download-dir",), True),
 }
-INTS = ("port", "shutdown_timeout", "api_server_count", "ssl_cert_reqs")
+INTS = (
+    "port",
+    "shutdown_timeout",
+    "api_server_count",
+    "ssl_cert_reqs",
+    "tensor_parallel_size",
+    "pipeline_parallel_size",
+)
 OPTION_TO_DEST = {opt: dest for dest, (opts, _) in FLAGS.items() for opt in opts}
 MODEL_FLAG = re.compile(r"^--model(=.+|$)")
 
@@ -77,6 +92,10 @@ class VllmArgs:
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None
     ssl_cert_reqs: int | None = None
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    revision: str | None = None
+    download_dir: str | None = None
     config: str | None = None
     # dest -> "the command line" or "the config file FILE": said in logs and errors
     source: dict[str, str] = field(default_factory=dict)
