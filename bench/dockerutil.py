@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 
+from tests.harness import docker
+
 from .common import ROOT
 
-DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")  # the Debian CLI builds with BuildKit
 IMAGE = os.environ.get("INTEL_VLLM_CPU_IMAGE", "vllm-intel:cpu")
 
 
@@ -25,9 +26,3 @@ def engine() -> tuple[str | None, str]:
     if docker("image", "inspect", IMAGE, check=False).returncode != 0:
         return None, f"image {IMAGE} is not built (make build-cpu)"
     return host, ""
-
-
-def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=check
-    )

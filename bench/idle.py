@@ -16,9 +16,7 @@ import re
 import signal
 import time
 
-import requests
-
-from tests.harness import free_port
+from tests.harness import Container
 
 from .common import RESULTS, Row, launch, pair_ratios, record, stop
 from .dockerutil import IMAGE, docker, engine
@@ -27,58 +25,22 @@ MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
 
 
 def container(kind: str, label: str) -> dict:
-    port = free_port()
-    name = f"vllm-intel-bench-{os.getpid()}-{kind}-{label}"
-    common = [
-        "run",
-        "-d",
-        "--name",
-        name,
-        "--shm-size",
-        "2g",
-        "-p",
-        f"127.0.0.1:{port}:8000",
-        "-e",
-        "VLLM_CPU_KVCACHE_SPACE=1",
-    ]
+    run_args = ["--shm-size", "2g", "-e", "VLLM_CPU_KVCACHE_SPACE=1"]
     if kind == "ours":
-        args = common + [IMAGE, "serve", "--enforce-eager"]
+        args, cmd = run_args, ["serve", "--enforce-eager"]
     else:
-        args = common + [
-            "--entrypoint",
-            "sh",
-            IMAGE,
-            "-c",
-            f"vllm serve {MODEL_IN_IMAGE} --enforce-eager; exit $?",
-        ]
-    docker(*args)
+        args = run_args + ["--entrypoint", "sh"]
+        cmd = ["-c", f"vllm serve {MODEL_IN_IMAGE} --enforce-eager; exit $?"]
+    c = Container(f"vllm-intel-bench-{os.getpid()}-{kind}-{label}", IMAGE, args, cmd)
     try:
-        t0 = time.monotonic()
-        end = t0 + 600
-        while time.monotonic() < end:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip() != "true":
-                raise RuntimeError(
-                    f"{kind} container exited:\n"
-                    + docker("logs", "--tail", "30", name, check=False).stderr
-                )
-            time.sleep(0.5)
-        else:
-            raise TimeoutError(f"{kind} container not ready after 600 s")
-        t_ready = time.monotonic() - t0
+        t_ready = c.wait_ready(600)
         time.sleep(2)
         t = time.monotonic()
-        docker("stop", name, timeout=120)
+        docker("stop", c.name, timeout=120)
         took = time.monotonic() - t
-        code = int(docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip())
-        text = docker("logs", name, check=False)
+        code = int(docker("inspect", "-f", "{{.State.ExitCode}}", c.name).stdout.strip())
         m = re.search(
-            r"\[entrypoint\] exit \d+: vLLM .* ([0-9.]+) s after the stop request",
-            text.stdout + text.stderr,
+            r"\[entrypoint\] exit \d+: vLLM .* ([0-9.]+) s after the stop request", c.logs()
         )
         out = {
             "kind": kind,
@@ -90,10 +52,7 @@ def container(kind: str, label: str) -> dict:
         record("idle docker stop", out)
         return out
     finally:
-        logs = docker("logs", name, check=False)
-        (RESULTS / "logs").mkdir(parents=True, exist_ok=True)
-        (RESULTS / "logs" / f"idle-{kind}-{label}.log").write_text(logs.stdout + logs.stderr)
-        docker("rm", "-f", name, check=False)
+        c.remove(keep_log=RESULTS / "logs" / f"idle-{kind}-{label}.log")
 
 
 def local(label: str) -> dict:

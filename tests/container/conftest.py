@@ -14,20 +14,14 @@ import subprocess
 
 import pytest
 
-from tests.harness import DEFAULT_VLLM, ROOT, build_image, free_port
+from tests.harness import DEFAULT_VLLM, ROOT, build_image, docker, free_port
 from vllm_intel.supervisor import settings
-
-DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")
 
 
 def run(
     cmd: list[str], timeout: float = 600, check: bool = True, **kw
 ) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=check, capture_output=True, text=True, timeout=timeout, **kw)
-
-
-def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    return run([DOCKER, *args], timeout=timeout, check=check)
 
 
 @pytest.fixture(scope="session")

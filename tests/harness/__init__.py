@@ -52,6 +52,57 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")  # the Debian CLI builds with BuildKit
+
+
+def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=check
+    )
+
+
+class Container:
+    """`docker run -d` of an image serving on its port 8000, published on a free loopback port;
+    ready once /health answers 200. A context manager: removed on exit."""
+
+    def __init__(self, name: str, image: str, run_args=(), cmd=()):
+        self.name, self.port = name, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        docker("run", "-d", "--name", name, "-p", f"127.0.0.1:{self.port}:8000", *run_args,
+               image, *cmd)  # fmt: skip
+
+    def wait_ready(self, timeout: float) -> float:
+        """Seconds until /health answered; RuntimeError (with the log's tail) if it exited."""
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return time.monotonic() - t0
+            except requests.RequestException:
+                pass
+            if docker("inspect", "-f", "{{.State.Running}}", self.name).stdout.strip() != "true":
+                raise RuntimeError(f"{self.name} exited:\n{self.logs()[-4000:]}")
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.name} not ready after {timeout:.0f} s:\n{self.logs()[-4000:]}")
+
+    def logs(self) -> str:
+        """The entrypoint's lines (stderr) and vLLM's logger (stdout), stderr last."""
+        out = docker("logs", self.name, check=False)
+        return out.stdout + out.stderr
+
+    def remove(self, keep_log: pathlib.Path | None = None) -> None:
+        if keep_log is not None:
+            keep_log.parent.mkdir(parents=True, exist_ok=True)
+            keep_log.write_text(self.logs())
+        docker("rm", "-f", self.name, check=False, timeout=120)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.remove()
+
+
 class Server:
     """A server process in its own session, its output in a log file."""
 
