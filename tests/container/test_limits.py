@@ -10,7 +10,7 @@ import uuid
 import pytest
 import requests
 
-from tests.harness import free_port
+from tests.harness import Container
 from vllm_intel.supervisor.settings import Exit
 
 from .conftest import docker
@@ -30,31 +30,21 @@ def test_plain_docker_run_fails_in_one_line_naming_the_fix(cpu_image):
 
 @pytest.mark.slow
 def test_under_a_quota_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
-    port, name = free_port(), f"vllm-intel-limits-{uuid.uuid4().hex[:8]}"
-    docker(
-        "run", "-d", "--name", name, "--shm-size", "1g", "--cpus", "1", "--memory", "4g",
-        "-p", f"127.0.0.1:{port}:8000", cpu_image(),
-    )  # fmt: skip
-    try:
-        end = time.monotonic() + 300
-        while time.monotonic() < end:
-            try:
-                if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            state = docker("inspect", "-f", "{{.State.Running}}", name).stdout.strip()
-            assert state == "true", docker("logs", name, check=False).stderr[-4000:]
-            time.sleep(1)
-        else:
-            pytest.fail("not healthy in 300 s:\n" + docker("logs", name).stderr[-4000:])
-        out = docker("logs", name)
-        logs = out.stderr + out.stdout  # the entrypoint logs to stderr, vLLM's logger to stdout
+    name = f"vllm-intel-limits-{uuid.uuid4().hex[:8]}"
+    args = ["--shm-size", "1g", "--cpus", "1", "--memory", "4g"]
+    with Container(name, cpu_image(), args) as c:
+        c.wait_ready(300)
+        logs = c.logs()
         plan = next(line for line in logs.splitlines() if "] plan: " in line)
         assert "quota 1 CPUs" in plan and "memory.max 4.0 GiB" in plan, plan
         # 4 GiB - 10 % - 2 GiB runtime - 400 MiB shm -> 1 GiB; threads: one, not pinned
         assert "VLLM_CPU_KVCACHE_SPACE=1" in plan, plan
         assert "VLLM_CPU_OMP_THREADS_BIND=nobind" in plan and "OMP_NUM_THREADS=1" in plan, plan
+        # the shm queue readers sleep instead of spinning beside the work (shm-busy-sleep)
+        assert "VLLM_SHM_BROADCAST_BUSY_SLEEP_S=0.0001" in plan, plan
+        for proc in ("EngineCore", "Worker"):
+            line = next(x for x in logs.splitlines() if f"{proc}): cpu-accelerator-api" in x)
+            assert "shm-busy-sleep=applied" in line, line
         # vLLM took it: its OpenMP report says it binds nothing, and vLLM runs with one OpenMP
         # thread in its environment (the API server's: the engine core and worker inherit it,
         # their own /proc/PID/environ is overwritten by their process titles)
@@ -64,13 +54,34 @@ def test_under_a_quota_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
             "api = psutil.Process(1).children()[0]\n"
             "print(api.environ().get('OMP_NUM_THREADS'))"
         )
-        got = docker("exec", name, "/opt/venv/bin/python", "-c", probe).stdout.strip()
+        got = docker("exec", c.name, "/opt/venv/bin/python", "-c", probe).stdout.strip()
         assert got == "1", got
         r = requests.post(
-            f"http://127.0.0.1:{port}/v1/completions",
+            c.url + "/v1/completions",
             json={"model": "/opt/vllm-intel/models/tiny-llama", "prompt": "a", "max_tokens": 8},
             timeout=60,
         )
         assert r.status_code == 200, r.text
-    finally:
-        docker("rm", "-f", name, check=False, timeout=120)
+
+
+@pytest.mark.slow
+def test_under_a_cpuset_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
+    """A cpuset is no quota below the CPUs it allows: vLLM's own thread choice over that one CPU
+    stays, the KV cache still comes from the memory limit."""
+    name = f"vllm-intel-cpuset-{uuid.uuid4().hex[:8]}"
+    args = ["--shm-size", "1g", "--cpuset-cpus", "1", "--memory", "5g"]
+    with Container(name, cpu_image(), args, ["serve", "--enforce-eager"]) as c:
+        c.wait_ready(300)
+        plan = next(line for line in c.logs().splitlines() if "] plan: " in line)
+        assert "CPUs 1 (1)" in plan and "memory.max 5.0 GiB" in plan, plan
+        assert "vLLM auto over the 1 allowed CPUs" in plan, plan
+        assert "OMP_NUM_THREADS" not in plan and "VLLM_CPU_OMP_THREADS_BIND" not in plan, plan
+        assert "VLLM_SHM_BROADCAST_BUSY_SLEEP_S" not in plan, plan  # no quota: vLLM's spin
+        # 5 GiB - 10 % - 2 GiB runtime - 400 MiB shm -> 2 GiB
+        assert "VLLM_CPU_KVCACHE_SPACE=2" in plan, plan
+        r = requests.post(
+            c.url + "/v1/completions",
+            json={"model": "/opt/vllm-intel/models/tiny-llama", "prompt": "a", "max_tokens": 8},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text

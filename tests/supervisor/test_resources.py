@@ -133,10 +133,40 @@ def test_tensor_parallel_shares_the_quota_between_workers(tmp_path):
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and p.env["OMP_NUM_THREADS"] == "2"
 
 
+def test_parallel_sizes_come_from_the_config_file_as_vllm_reads_them(tmp_path):
+    """TP/PP from `--config FILE` count like flags; the command line beats the file."""
+    lim = limits(tmp_path, v2(tmp_path, "400000 100000"), range(8))
+    conf = tmp_path / "serve.yaml"
+    conf.write_text("tensor-parallel-size: 2\npipeline_parallel_size: 2\n")
+    p = plan(lim, ["--config", str(conf)])
+    assert p.env["OMP_NUM_THREADS"] == "1" and "x 4 worker(s)" in p.line(), p.line()
+    assert len(r.shm_segments(["--config", str(conf)])) > len(r.shm_segments([]))
+    p = plan(lim, ["--config", str(conf), "-tp", "1", "-pp", "1"])
+    assert p.env["OMP_NUM_THREADS"] == "4" and "x 1 worker(s)" in p.line(), p.line()
+    with pytest.raises(ConfigError, match="--tensor-parallel-size must be a whole number >= 1"):
+        plan(lim, ["-tp", "0"])
+
+
 def test_tensor_parallel_larger_than_the_cpus_is_one_line_error(tmp_path):
     lim = limits(tmp_path, v2(tmp_path, "100000 100000"), range(2))
     with pytest.raises(ConfigError, match="3 vLLM CPU workers"):
         plan(lim, ["-tp", "3"])
+
+
+def test_under_a_quota_the_shm_readers_sleep_unless_the_user_says(tmp_path):
+    spin = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    quota = limits(a, v2(a, "100000 100000"))
+    assert plan(quota).env[spin] == "0.0001"
+    assert spin not in plan(limits(b, v2(b, "max 100000"))).env  # no quota
+    p = plan(quota, env={spin: "0.002"})
+    assert spin not in p.env and f"{spin}=0.002 (yours)" in p.line()
+    p = plan(quota, env={spin: "0"})  # vLLM's spin, asked for: kept, not re-planned
+    assert spin not in p.env and f"{spin}=0 (yours)" in p.line()
+    assert spin not in plan(quota, env={"INTEL_VLLM_CPU_PLAN": "0"}).env
+    with pytest.raises(ConfigError, match=f"{spin} must be seconds between 0 and 0.01, not 'x'"):
+        plan(quota, env={spin: "x"})
 
 
 def test_users_bind_wins_and_is_logged_as_yours(tmp_path):

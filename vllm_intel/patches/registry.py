@@ -18,6 +18,7 @@ PATCH_MODULES = [
     "drain_deadline",  # a drain ends with a final event per request, never a stall
     "fast_exit",  # no multi-second final GC scan after vLLM's teardown
     "cpu_aot_compile",  # vllm PR #32037: no AOT artifact on CPU that fails to load every start
+    "shm_busy_sleep",  # vllm PR #52848: shm queue readers sleep, not spin (under a CPU quota)
 ]
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"

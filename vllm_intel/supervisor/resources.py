@@ -11,7 +11,10 @@ core of the allowed set, minus one reserved CPU per worker for the engine core),
 quota (`docker --cpus`, Kubernetes limits.cpu). Under a quota smaller than the affinity set, it
 runs more threads than the quota can keep running, and they get throttled in turn; floor(quota)
 threads fit. They are not pinned: that affinity set is shared with other containers, and pinning
-them all the same way (as `auto` does) piles them onto the same cores. And its KV cache is either a fixed
+them all the same way (as `auto` does) piles them onto the same cores. Its shared-memory queue
+readers spin on sched_yield between messages, which on CPUs beyond the quota burns the quota
+itself: under a quota they sleep 100 us per check instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the
+shm-busy-sleep patch). And its KV cache is either a fixed
 `VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
 """
 
@@ -23,7 +26,7 @@ import pathlib
 import shutil
 from dataclasses import dataclass, field
 
-from .settings import ConfigError, flag_value
+from .settings import ConfigError
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -214,23 +217,39 @@ def read_limits(
 
 # ------------------------------------------------------------------------------------- plan
 
-PLANNED = ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS", "VLLM_CPU_KVCACHE_SPACE")
+PLANNED = (
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "OMP_NUM_THREADS",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_SHM_BROADCAST_BUSY_SLEEP_S",
+)
+# vLLM's shared-memory queue readers spin on sched_yield between messages (the shm-busy-sleep
+# patch reads this variable): under a quota the spin runs on another CPU beside the work and
+# bills the quota. A short sleep per check instead.
+SPIN = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
+SPIN_SLEEP_S = "0.0001"
 
 
-def _int_flag(flags: list[str], names: tuple[str, ...], default: int = 1) -> int:
-    for name in names:
-        value = flag_value(flags, name)
-        if value is not None:
-            if not value.strip().isdigit() or int(value) < 1:
-                raise ConfigError(f"{name} must be a whole number >= 1, not {value!r}")
-            return int(value)
-    return default
+def parallel(flags: list[str]) -> tuple[int, int]:
+    """(tensor, pipeline) parallel sizes of `vllm serve FLAGS`, from the command line or its
+    --config file as vLLM resolves them (vllm_args)."""
+    from .vllm_args import resolve
+
+    found = resolve(flags)
+    sizes = []
+    for name, value in (
+        ("--tensor-parallel-size", found.tensor_parallel_size),
+        ("--pipeline-parallel-size", found.pipeline_parallel_size),
+    ):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be a whole number >= 1, not {value}")
+        sizes.append(value or 1)
+    return sizes[0], sizes[1]
 
 
 def shm_segments(flags: list[str], env=os.environ) -> list[tuple[str, int]]:
     """The shared memory segments vLLM creates for `vllm serve FLAGS` on one node (see above)."""
-    tp = _int_flag(flags, ("--tensor-parallel-size", "-tp"))
-    pp = _int_flag(flags, ("--pipeline-parallel-size", "-pp"))
+    tp, pp = parallel(flags)
     workers = tp * pp
     chunk_mb = env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", "16")
     if not chunk_mb.strip().isdigit():
@@ -303,9 +322,15 @@ def plan(
         return p
     yours = {k: env[k] for k in PLANNED if env.get(k)}
     p.yours = yours
-    workers = _int_flag(flags, ("--tensor-parallel-size", "-tp")) * _int_flag(
-        flags, ("--pipeline-parallel-size", "-pp")
-    )
+    if SPIN in yours:
+        from vllm_intel.patches.shm_busy_sleep import busy_sleep_s
+
+        try:
+            busy_sleep_s(env)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    tp, pp = parallel(flags)
+    workers = tp * pp
 
     # -- threads
     quota, allowed = limits.quota, limits.cpus
@@ -332,6 +357,8 @@ def plan(
             f"{per} OpenMP thread(s) per worker x {workers} worker(s), not pinned "
             f"(quota {quota:g} CPUs of {len(allowed)} allowed)"
         )
+    if enabled and quota is not None and quota < len(allowed) and SPIN not in yours:
+        p.env[SPIN] = SPIN_SLEEP_S
 
     # -- KV cache (GiB, an integer: vLLM reads int(VLLM_CPU_KVCACHE_SPACE))
     weights = weights_bytes(model)

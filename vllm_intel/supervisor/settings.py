@@ -164,8 +164,10 @@ SETTINGS = (
         "INTEL_VLLM_CPU_PLAN",
         "`1`",
         "CPU image: `1` = OpenMP threads from the CPU quota (`OMP_NUM_THREADS`, not pinned) and "
-        "`VLLM_CPU_KVCACHE_SPACE` from the memory limit (see `entrypoint.py plan`); `0` = leave "
-        "vLLM's own defaults. Your own `VLLM_CPU_OMP_THREADS_BIND` / `OMP_NUM_THREADS` / "
+        "vLLM's shared-memory queue readers sleeping instead of spinning under that quota "
+        "(`VLLM_SHM_BROADCAST_BUSY_SLEEP_S`), `VLLM_CPU_KVCACHE_SPACE` from the memory limit "
+        "(see `entrypoint.py plan`); `0` = leave vLLM's own defaults. Your own "
+        "`VLLM_CPU_OMP_THREADS_BIND` / `OMP_NUM_THREADS` / `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` / "
         "`VLLM_CPU_KVCACHE_SPACE` always win.",
     ),
     Setting(
@@ -186,6 +188,16 @@ VLLM_SETTINGS = (
     Setting("--ssl-certfile", "none", "/health and /metrics are read over https"),
     Setting("--disable-log-stats", "off", "no request counts in the exit line"),
     Setting(
+        "--tensor-parallel-size`, `--pipeline-parallel-size",
+        "1, 1",
+        "workers: the CPU plan's threads per worker and the /dev/shm preflight",
+    ),
+    Setting(
+        "--revision`, `--download-dir",
+        "main, the hub cache",
+        "what `prefetch` downloads and where; where the download progress is read",
+    ),
+    Setting(
         "--uds`, `--headless`, `--grpc`, `--api-server-count 0`, `--ssl-cert-reqs 2",
         "off",
         f"refused (exit {Exit.CONFIG.value}): the supervisor could not reach vLLM's HTTP server",
@@ -201,10 +213,11 @@ VLLM_SETTINGS = (
 USAGE = """\
 entrypoint.py                          serve the built-in model ($INTEL_VLLM_MODEL)
 entrypoint.py serve [MODEL] [FLAGS]    vllm serve MODEL FLAGS (flags passed through untouched)
-entrypoint.py prefetch [MODEL] [--revision R]   download MODEL into the hub cache (no-op: local, offline)
+entrypoint.py prefetch [MODEL] [FLAGS] download what serve would: the model at --revision into
+                                       --download-dir or the hub cache (no-op: local, offline)
 entrypoint.py patches                  patch table: name, state, reason
 entrypoint.py probe ready|live [--port N]   exit 0/1 (compose healthcheck, exec probes)
-entrypoint.py grace-period             the orchestrator grace period for the current settings
+entrypoint.py grace-period [FLAGS]     the orchestrator grace period for these serve flags + env
 entrypoint.py plan [MODEL] [FLAGS]     what the container gives (CPUs, quota, memory, /dev/shm)
                                        and the threads / KV cache serve would use; exit 64 if short"""
 
