@@ -31,6 +31,20 @@ deb $mirror $suite-updates main
 deb ${mirror%/debian}/debian-security $suite-security main
 EOF
 rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
+# And what slim leaves out (debuerreotype's slimify: docs but the licences, man pages,
+# translations), also for the packages the Dockerfiles install later.
+cat >"$rootfs/etc/dpkg/dpkg.cfg.d/docker" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/groff/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/linda/*
+path-exclude /usr/share/lintian/overrides/*
+path-exclude /usr/share/locale/*
+path-exclude /usr/share/man/*
+EOF
+find "$rootfs/usr/share/doc" -mindepth 1 ! -type d ! -name copyright -delete
+rm -rf "$rootfs"/usr/share/{groff,info,linda,locale,man}/* "$rootfs"/usr/share/lintian/overrides/*
 tar -C "$rootfs" --numeric-owner -c . | "$docker" import \
   --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
   --change 'CMD ["bash"]' \
