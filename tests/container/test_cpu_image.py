@@ -15,11 +15,9 @@ import pytest
 import requests
 
 from tests.deploy.manifests import dockerfile_env
-from tests.harness import DEFAULT_VLLM, OLD_VLLM, ROOT, Streams
+from tests.harness import DEFAULT_VLLM, OLD_VLLM, ROOT, Streams, docker
 from tests.harness.models import REPO
 from vllm_intel.supervisor import settings
-
-from .conftest import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -21,9 +21,7 @@ import pytest
 import requests
 
 from tests.deploy.manifests import container, pod_spec, prestop_seconds
-from tests.harness import StreamResult, stream_completion
-
-from .conftest import DOCKER, docker, free_port
+from tests.harness import DOCKER, StreamResult, docker, free_port, stream_completion
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

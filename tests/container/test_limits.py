@@ -10,10 +10,8 @@ import uuid
 import pytest
 import requests
 
-from tests.harness import Container
+from tests.harness import Container, docker
 from vllm_intel.supervisor.settings import Exit
-
-from .conftest import docker
 
 pytestmark = [pytest.mark.docker]
 

@@ -22,10 +22,8 @@ import time
 
 import pytest
 
-from tests.harness import DEFAULT_VLLM, ROOT, Streams
+from tests.harness import DEFAULT_VLLM, ROOT, Streams, docker
 from vllm_intel.supervisor import settings
-
-from .conftest import docker
 
 pytestmark = [pytest.mark.docker, pytest.mark.soak]
 
