@@ -9,7 +9,7 @@ after the other and then all running at once:
 The load alternates between them round by round (rotating the order), so the machine's drift hits
 all three alike: one 256-token stream, then 8 concurrent 128-token streams. Per round and arm:
 tokens/s (client side, first request sent to last byte) and the container's CPU time per generated
-token (cgroup `cpu.stat` usage_usec, user + system of every process in it), which a busy
+token (cgroup v2 `cpu.stat` usage_usec or v1 `cpuacct.usage`: every process in it), which a busy
 neighbour disturbs far less than wall time. Ratios per round: quota+plan / cpuset (goal >= 0.95)
 and quota+plan / quota-plan (goal >= 1: the plan is never slower than vLLM's defaults).
 Also per arm: time to ready, peak memory (cgroup), the CPU an idle server burns, and the threads

@@ -1,5 +1,6 @@
 """What the container gives vLLM (CPUs, CPU quota, memory limit, NUMA nodes, /dev/shm) and the
-plan that fits vLLM's CPU backend into it: OpenMP threads, the KV cache size, and the preflight checks that fail in one line before anything starts.
+plan that fits vLLM's CPU backend into it: OpenMP threads, the shared-memory queue readers' wait,
+the KV cache size, and the preflight checks that fail in one line before anything starts.
 
 Read-only and cheap (a few small files under /sys, no vLLM import): `entrypoint.py plan` and
 `entrypoint.py serve` both use it. The roots (/sys/fs/cgroup, /sys/devices/system) are parameters
@@ -14,8 +15,8 @@ threads fit. They are not pinned: that affinity set is shared with other contain
 them all the same way (as `auto` does) piles them onto the same cores. Its shared-memory queue
 readers spin on sched_yield between messages, which on CPUs beyond the quota burns the quota
 itself: under a quota they sleep 100 us per check instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the
-shm-busy-sleep patch). And its KV cache is either a fixed
-`VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
+shm-busy-sleep patch). And its KV cache is either a fixed `VLLM_CPU_KVCACHE_SPACE` or a
+fraction of host memory; neither looks at memory.max.
 """
 
 from __future__ import annotations
@@ -249,7 +250,10 @@ def parallel(flags: list[str]) -> tuple[int, int]:
 
 def shm_segments(flags: list[str], env=os.environ) -> list[tuple[str, int]]:
     """The shared memory segments vLLM creates for `vllm serve FLAGS` on one node (see above)."""
-    tp, pp = parallel(flags)
+    return _segments(flags, *parallel(flags), env)
+
+
+def _segments(flags: list[str], tp: int, pp: int, env) -> list[tuple[str, int]]:
     workers = tp * pp
     chunk_mb = env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", "16")
     if not chunk_mb.strip().isdigit():
@@ -312,8 +316,9 @@ def plan(
 ) -> Plan:
     """The plan for `vllm serve [MODEL] FLAGS` in `limits`. Raises ConfigError when the
     container cannot hold what vLLM needs (memory)."""
-    segments = shm_segments(flags, env)
-    shm_needed = sum(size for _, size in segments)
+    tp, pp = parallel(flags)  # resolved once: it may read a --config file
+    workers = tp * pp
+    shm_needed = sum(size for _, size in _segments(flags, tp, pp, env))
     enabled = env.get("INTEL_VLLM_CPU_PLAN", "1") != "0"
     if env.get("INTEL_VLLM_CPU_PLAN", "1") not in ("0", "1"):
         raise ConfigError(f"INTEL_VLLM_CPU_PLAN must be 0 or 1, not {env['INTEL_VLLM_CPU_PLAN']!r}")
@@ -329,14 +334,13 @@ def plan(
             busy_sleep_s(env)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    tp, pp = parallel(flags)
-    workers = tp * pp
 
     # -- threads
     quota, allowed = limits.quota, limits.cpus
+    under_quota = quota is not None and quota < len(allowed)
     if "VLLM_CPU_OMP_THREADS_BIND" in yours or "OMP_NUM_THREADS" in yours:
         p.threads = "yours"
-    elif quota is None or quota >= len(allowed):
+    elif not under_quota:
         p.threads = f"vLLM auto over the {len(allowed)} allowed CPUs (no quota below them)"
     elif enabled:
         # floor: threads that need more CPU than the quota grants get throttled in turn; at
@@ -357,7 +361,7 @@ def plan(
             f"{per} OpenMP thread(s) per worker x {workers} worker(s), not pinned "
             f"(quota {quota:g} CPUs of {len(allowed)} allowed)"
         )
-    if enabled and quota is not None and quota < len(allowed) and SPIN not in yours:
+    if enabled and under_quota and SPIN not in yours:
         p.env[SPIN] = SPIN_SLEEP_S
 
     # -- KV cache (GiB, an integer: vLLM reads int(VLLM_CPU_KVCACHE_SPACE))
