@@ -17,16 +17,18 @@ from tests.harness import Senders, Streams
 from .conftest import assert_nothing_left, probe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+TOKENS = 3000
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
 def test_sigterm_mid_stream_drains_every_request(serve, mode):
     s = serve(*(["--enforce-eager"] if mode == "eager" else []))
-    # 5000 tokens: on 2 idle cores the tiny model generates ~5000 tokens/s over 8 streams, and
-    # the streams must still run when SIGTERM comes.
-    streams = Streams(s.url, s.model, n=8, max_tokens=5000)
+    # SIGTERM once vLLM counts all 8 running; 3000 tokens each then take 10-15 s on 2 cores
+    # (1600-2600 tokens/s over 8 streams), well inside the 30 s window and long enough for the
+    # supervisor's first /metrics sample to see them in flight.
+    streams = Streams(s.url, s.model, n=8, max_tokens=TOKENS)
     senders = Senders(s.url, s.model, n=4) if mode == "eager" else None
-    streams.wait_flowing(timeout=60)
+    streams.wait_running(s.url, timeout=60)
     t_term = s.signal(signal.SIGTERM)
     time.sleep(0.5)
     assert probe(s, "ready") == 1  # out of rotation while draining
@@ -44,7 +46,7 @@ def test_sigterm_mid_stream_drains_every_request(serve, mode):
         f"{mode}: exit {code} {time.monotonic() - t_term:.1f} s after SIGTERM; "
         f"last stream ended {max(r.ended for r in results) - t_term:.1f} s after it"
     )
-    assert [r.done and r.finish_reason == "length" and r.tokens == 5000 for r in results] == [
+    assert [r.done and r.finish_reason == "length" and r.tokens == TOKENS for r in results] == [
         True
     ] * 8, results
     # Requests sent back to back through SIGTERM: each one is served in full or refused with 503
@@ -69,7 +71,7 @@ def test_sigterm_mid_stream_drains_every_request(serve, mode):
 def test_request_longer_than_the_drain_gets_a_final_event(serve):
     s = serve("--enforce-eager", drain=4)
     streams = Streams(s.url, s.model, n=1, max_tokens=8000)
-    streams.wait_flowing(timeout=60)
+    streams.wait_running(s.url, timeout=60)
     t_term = s.signal(signal.SIGTERM)
     (result,) = streams.join(timeout=60)
     code = s.wait(timeout=4 + 10 + 2)

@@ -31,7 +31,7 @@ def find(s, title: str) -> int:
 def test_sigkill_of_worker_or_engine_fails_fast_and_loud(serve, victim):
     s = serve("--enforce-eager")
     streams = Streams(s.url, s.model, n=4, max_tokens=6000, timeout=60)
-    streams.wait_flowing(timeout=60)
+    streams.wait_running(s.url, timeout=60)
     t_kill = time.monotonic()
     os.kill(find(s, victim), signal.SIGKILL)
     live_failed = False

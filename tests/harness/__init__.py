@@ -263,6 +263,22 @@ class Streams:
                 f"{[self.results[i] for i in waiting]}"
             )
 
+    def wait_running(self, url: str, timeout: float) -> None:
+        """Block until every stream has produced a token and vLLM's /metrics counts them all
+        running: the server's view, which is what a signal must land in. The client's alone is
+        not enough: a client thread starved of the GIL, or of a server that sends late, can see
+        its first token when the server has already generated the whole stream."""
+        from vllm_intel.supervisor.observe import request_counts
+
+        self.wait_flowing(timeout)
+        end, seen = time.monotonic() + timeout, None
+        while time.monotonic() < end:
+            seen = request_counts(url)
+            if seen is not None and seen["running"] >= len(self.threads):
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"vLLM never counted {len(self.threads)} streams running: {seen}")
+
     def join(self, timeout: float = 180) -> list[StreamResult]:
         end = time.monotonic() + timeout
         for t in self.threads:

@@ -25,9 +25,16 @@ def tree(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
     return root
 
 
-def sysfs(root: pathlib.Path, nodes: dict[int, str]):
-    """nodes: node -> cpulist."""
-    return tree(root, {f"node/node{n}/cpulist": cpus for n, cpus in nodes.items()})
+def sysfs(root: pathlib.Path, nodes: dict[int, str], smt: int = 0):
+    """nodes: node -> cpulist; smt: logical CPUs per core (0: no topology files, as in a
+    sandbox that hides them: every CPU then counts as a core)."""
+    files = {f"node/node{n}/cpulist": cpus for n, cpus in nodes.items()}
+    if smt:
+        for n, cpus in nodes.items():
+            for cpu in r.parse_cpu_list(cpus):
+                files[f"cpu/cpu{cpu}/topology/core_id"] = str(cpu // smt)
+                files[f"cpu/cpu{cpu}/topology/physical_package_id"] = "0"
+    return tree(root, files)
 
 
 def v2(tmp_path, cpu_max="max", memory_max="max", cpuset=None, extra=None):
@@ -41,8 +48,8 @@ def v2(tmp_path, cpu_max="max", memory_max="max", cpuset=None, extra=None):
     return tree(tmp_path / "cg", {**files, **(extra or {})})
 
 
-def limits(tmp_path, cg, cpus=range(4), nodes=None, self_cgroup=""):
-    sys_root = sysfs(tmp_path / "sys", nodes or {0: r.format_cpu_list(cpus)})
+def limits(tmp_path, cg, cpus=range(4), nodes=None, self_cgroup="", smt=0):
+    sys_root = sysfs(tmp_path / "sys", nodes or {0: r.format_cpu_list(cpus)}, smt)
     return r.read_limits(cg, sys_root, affinity=set(cpus), self_cgroup=self_cgroup)
 
 
@@ -94,7 +101,7 @@ def test_v1_unlimited(tmp_path):
 
 def test_no_cgroup_at_all(tmp_path):
     (tmp_path / "cg").mkdir()
-    lim = limits(tmp_path, tmp_path / "cg")
+    lim = limits(tmp_path, tmp_path / "cg", smt=2)
     assert (lim.cgroup, lim.quota, lim.memory, lim.cpus) == ("none", None, None, (0, 1, 2, 3))
     p = plan(lim)
     assert p.env == {"VLLM_CPU_KVCACHE_SPACE": "1"}
@@ -159,7 +166,8 @@ def test_under_a_quota_the_shm_readers_sleep_unless_the_user_says(tmp_path):
     a.mkdir(), b.mkdir()
     quota = limits(a, v2(a, "100000 100000"))
     assert plan(quota).env[spin] == "0.0001"
-    assert spin not in plan(limits(b, v2(b, "max 100000"))).env  # no quota
+    # No quota, 4 CPUs on 2 SMT cores: vLLM's auto binding takes one CPU of one core, 3 spare.
+    assert spin not in plan(limits(b, v2(b, "max 100000"), smt=2)).env
     p = plan(quota, env={spin: "0.002"})
     assert spin not in p.env and f"{spin}=0.002 (yours)" in p.line()
     p = plan(quota, env={spin: "0"})  # vLLM's spin, asked for: kept, not re-planned
@@ -167,6 +175,34 @@ def test_under_a_quota_the_shm_readers_sleep_unless_the_user_says(tmp_path):
     assert spin not in plan(quota, env={"INTEL_VLLM_CPU_PLAN": "0"}).env
     with pytest.raises(ConfigError, match=f"{spin} must be seconds between 0 and 0.01, not 'x'"):
         plan(quota, env={spin: "x"})
+
+
+@pytest.mark.parametrize(
+    "cpus, smt, quota, sleeps",
+    [
+        (2, 1, "max", True),  # 2 cores: 1 OpenMP thread, 1 CPU for API server + engine core
+        (1, 1, "max", True),  # everything on one CPU
+        (8, 1, "max", True),  # 8 cores, no SMT: still only the one reserved CPU beside them
+        (8, 2, "max", False),  # 4 cores x 2: 3 OpenMP threads, 5 CPUs to spare
+        (4, 2, "max", False),  # 2 cores x 2: 1 OpenMP thread, 3 to spare
+        (2, 2, "max", True),  # 1 core x 2: vLLM still runs one thread per worker: 1 spare
+        (8, 2, "200000 100000", True),  # under a quota, whatever the topology
+    ],
+)
+def test_without_cpus_to_spare_the_shm_readers_sleep(tmp_path, cpus, smt, quota, sleeps):
+    """vLLM's auto binding gives its OpenMP threads one CPU per physical core but the engine
+    core's (one per worker); the API server and the engine core share the rest. With fewer than
+    two CPUs left, the engine core's spinning reader takes the API server's CPU."""
+    p = plan(limits(tmp_path, v2(tmp_path, f"{quota} 100000"), range(cpus), smt=smt))
+    assert ("VLLM_SHM_BROADCAST_BUSY_SLEEP_S" in p.env) is sleeps, p.line()
+    if quota == "max":
+        omp = max(cpus // smt - 1, 1)
+        assert f"{cpus - omp} beside its OpenMP threads" in p.line(), p.line()
+
+
+def test_topology_counts_smt_siblings_once(tmp_path):
+    assert limits(tmp_path, v2(tmp_path), range(8), smt=2).physical_cores == 4
+    assert limits(tmp_path / "n", v2(tmp_path / "n"), range(8)).physical_cores == 8  # no files
 
 
 def test_users_bind_wins_and_is_logged_as_yours(tmp_path):

@@ -1,5 +1,6 @@
 """shm-busy-sleep: vLLM's shared-memory queue readers sleep briefly between checks instead of
-spinning, from ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S``; the CPU plan sets it under a CPU quota.
+spinning, from ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S``; the CPU plan sets it under a CPU quota and
+when no CPU is left beside vLLM's OpenMP threads.
 
 Target:   ``vllm.distributed.device_communicators.shm_broadcast.SpinCondition.wait`` (its busy
           branch: ``sched_yield()`` while less than ``busy_loop_s``, 1 s, has passed since the
@@ -17,7 +18,10 @@ generated a message comes every few milliseconds, so both spin from the first to
 On a dedicated CPU the spin gives its CPU away at once; under a CPU quota (``docker --cpus``,
 Kubernetes ``limits.cpu``) on more CPUs than the quota, it runs beside the work and bills the
 quota: on 2 CPUs under ``--cpus 1`` the container used about twice the CPU time per token of
-the same server on a one-CPU cpuset (docs/bench.md, section limits). What it changes: in the
+the same server on a one-CPU cpuset (docs/bench.md, section limits). With fewer than two CPUs
+beside vLLM's OpenMP threads (2 cores, no quota) the engine core's spin takes the CPU the API
+server needs: new connections waited 5-23 s and streams got their first byte when the whole
+completion was done (docs/bench.md, section stall). What it changes: in the
 busy branch the reader sleeps ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S`` seconds instead of yielding,
 bounding how often it checks; the 1 s window and the idle path (zmq notification) are vLLM's.
 Shortening the window instead (vllm PR #52814's ``VLLM_SHM_BROADCAST_BUSY_LOOP_S``) was tried

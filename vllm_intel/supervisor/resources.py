@@ -14,8 +14,9 @@ runs more threads than the quota can keep running, and they get throttled in tur
 threads fit. They are not pinned: that affinity set is shared with other containers, and pinning
 them all the same way (as `auto` does) piles them onto the same cores. Its shared-memory queue
 readers spin on sched_yield between messages, which on CPUs beyond the quota burns the quota
-itself: under a quota they sleep 100 us per check instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the
-shm-busy-sleep patch). And its KV cache is either a fixed `VLLM_CPU_KVCACHE_SPACE` or a
+itself, and without a spare CPU starves the API server: under a quota, or with fewer than two CPUs
+beside the OpenMP threads, they sleep 100 us per check instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S,
+the shm-busy-sleep patch). And its KV cache is either a fixed `VLLM_CPU_KVCACHE_SPACE` or a
 fraction of host memory; neither looks at memory.max.
 """
 
@@ -103,13 +104,18 @@ def _int(text: str | None) -> int | None:
 class Limits:
     """What this process may use. quota: CPUs (cpu.max / cfs_quota) or None; memory: bytes or
     None; cpus: the affinity mask within the cpuset; nodes: NUMA node -> its allowed CPUs;
-    cores: CPU -> (package, core) so that SMT siblings can be told apart."""
+    cores: the physical cores those CPUs belong to (SMT siblings count once; 0: unknown)."""
 
     cgroup: str  # "v2", "v1" or "none"
     cpus: tuple[int, ...]
     quota: float | None
     memory: int | None
     nodes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    cores: int = 0
+
+    @property
+    def physical_cores(self) -> int:
+        return self.cores or len(self.cpus)
 
     def describe(self) -> str:
         quota = "no CPU quota" if self.quota is None else f"quota {self.quota:g} CPUs"
@@ -213,7 +219,12 @@ def read_limits(
             mine = tuple(c for c in parse_cpu_list(listed) if c in cpus)
             if mine:
                 nodes[int(node_dir.name[4:])] = mine
-    return Limits(kind, tuple(sorted(cpus)), quota, memory, nodes)
+    cores = set()
+    for cpu in cpus:
+        topo = sys_root / "cpu" / f"cpu{cpu}" / "topology"
+        core = _read(topo / "core_id")
+        cores.add((_read(topo / "physical_package_id"), core) if core is not None else cpu)
+    return Limits(kind, tuple(sorted(cpus)), quota, memory, nodes, len(cores))
 
 
 # ------------------------------------------------------------------------------------- plan
@@ -225,10 +236,15 @@ PLANNED = (
     "VLLM_SHM_BROADCAST_BUSY_SLEEP_S",
 )
 # vLLM's shared-memory queue readers spin on sched_yield between messages (the shm-busy-sleep
-# patch reads this variable): under a quota the spin runs on another CPU beside the work and
-# bills the quota. A short sleep per check instead.
+# patch reads this variable). Under a quota the spin runs on another CPU beside the work and
+# bills the quota. Without a CPU of its own it takes the CPU the API server needs: vLLM's
+# `auto` binding gives the OpenMP threads one CPU per physical core but one per worker, and the
+# engine core (whose reader spins while the worker computes) and the API server share what is
+# left; with one CPU left, new connections waited 5-23 s and streams got their first bytes at
+# the end on 2 cores (bench/stall.py). A short sleep per check instead.
 SPIN = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
 SPIN_SLEEP_S = "0.0001"
+SPARE_CPUS = 2  # the API server's and the engine core's, beside the OpenMP threads
 
 
 def parallel(flags: list[str]) -> tuple[int, int]:
@@ -338,10 +354,16 @@ def plan(
     # -- threads
     quota, allowed = limits.quota, limits.cpus
     under_quota = quota is not None and quota < len(allowed)
+    spare = None  # CPUs beside vLLM's auto OpenMP threads (None: the threads are not vLLM's auto)
     if "VLLM_CPU_OMP_THREADS_BIND" in yours or "OMP_NUM_THREADS" in yours:
         p.threads = "yours"
     elif not under_quota:
-        p.threads = f"vLLM auto over the {len(allowed)} allowed CPUs (no quota below them)"
+        omp = max(limits.physical_cores - workers, workers)
+        spare = len(allowed) - omp
+        p.threads = (
+            f"vLLM auto over the {len(allowed)} allowed CPUs (no quota below them), "
+            f"{spare} beside its OpenMP threads"
+        )
     elif enabled:
         # floor: threads that need more CPU than the quota grants get throttled in turn; at
         # least one per worker, which is what vLLM needs to start at all. Not pinned: a quota
@@ -361,7 +383,11 @@ def plan(
             f"{per} OpenMP thread(s) per worker x {workers} worker(s), not pinned "
             f"(quota {quota:g} CPUs of {len(allowed)} allowed)"
         )
-    if enabled and under_quota and SPIN not in yours:
+    if (
+        enabled
+        and SPIN not in yours
+        and (under_quota or (spare is not None and spare < SPARE_CPUS))
+    ):
         p.env[SPIN] = SPIN_SLEEP_S
 
     # -- KV cache (GiB, an integer: vLLM reads int(VLLM_CPU_KVCACHE_SPACE))
