@@ -165,7 +165,8 @@ SETTINGS = (
         "`1`",
         "CPU image: `1` = OpenMP threads from the CPU quota (`OMP_NUM_THREADS`, not pinned) and "
         "vLLM's shared-memory queue readers sleeping instead of spinning under that quota or "
-        "with fewer than 2 CPUs beside vLLM's OpenMP threads (`VLLM_SHM_BROADCAST_BUSY_SLEEP_S`), "
+        "with fewer than 2 CPUs beside vLLM's OpenMP threads on more than one CPU "
+        "(`VLLM_SHM_BROADCAST_BUSY_SLEEP_S`), "
         "`VLLM_CPU_KVCACHE_SPACE` from the memory limit "
         "(see `entrypoint.py plan`); `0` = leave vLLM's own defaults. Your own "
         "`VLLM_CPU_OMP_THREADS_BIND` / `OMP_NUM_THREADS` / `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` / "
