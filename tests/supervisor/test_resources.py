@@ -201,8 +201,8 @@ def test_without_cpus_to_spare_the_shm_readers_sleep(tmp_path, cpus, smt, quota,
 
 
 def test_topology_counts_smt_siblings_once(tmp_path):
-    assert limits(tmp_path, v2(tmp_path), range(8), smt=2).physical_cores == 4
-    assert limits(tmp_path / "n", v2(tmp_path / "n"), range(8)).physical_cores == 8  # no files
+    assert limits(tmp_path, v2(tmp_path), range(8), smt=2).cores == 4
+    assert limits(tmp_path / "n", v2(tmp_path / "n"), range(8)).cores == 8  # no files
 
 
 def test_users_bind_wins_and_is_logged_as_yours(tmp_path):

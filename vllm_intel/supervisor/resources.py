@@ -14,9 +14,9 @@ runs more threads than the quota can keep running, and they get throttled in tur
 threads fit. They are not pinned: that affinity set is shared with other containers, and pinning
 them all the same way (as `auto` does) piles them onto the same cores. Its shared-memory queue
 readers spin on sched_yield between messages, which on CPUs beyond the quota burns the quota
-itself, and without a spare CPU starves the API server: under a quota, or with fewer than two CPUs
-beside the OpenMP threads (on more than one CPU), they sleep 100 us per check instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S,
-the shm-busy-sleep patch). And its KV cache is either a fixed `VLLM_CPU_KVCACHE_SPACE` or a
+itself, and without a spare CPU starves the API server: under a quota, or with fewer than two
+CPUs beside the OpenMP threads (on more than one CPU), they sleep 100 us per check instead
+(VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the shm-busy-sleep patch). And its KV cache is either a fixed `VLLM_CPU_KVCACHE_SPACE` or a
 fraction of host memory; neither looks at memory.max.
 """
 
@@ -104,18 +104,15 @@ def _int(text: str | None) -> int | None:
 class Limits:
     """What this process may use. quota: CPUs (cpu.max / cfs_quota) or None; memory: bytes or
     None; cpus: the affinity mask within the cpuset; nodes: NUMA node -> its allowed CPUs;
-    cores: the physical cores those CPUs belong to (SMT siblings count once; 0: unknown)."""
+    cores: how many physical cores those CPUs are (SMT siblings once; a CPU without topology
+    files counts as a core)."""
 
     cgroup: str  # "v2", "v1" or "none"
     cpus: tuple[int, ...]
     quota: float | None
     memory: int | None
+    cores: int
     nodes: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    cores: int = 0
-
-    @property
-    def physical_cores(self) -> int:
-        return self.cores or len(self.cpus)
 
     def describe(self) -> str:
         quota = "no CPU quota" if self.quota is None else f"quota {self.quota:g} CPUs"
@@ -224,7 +221,7 @@ def read_limits(
         topo = sys_root / "cpu" / f"cpu{cpu}" / "topology"
         core = _read(topo / "core_id")
         cores.add((_read(topo / "physical_package_id"), core) if core is not None else cpu)
-    return Limits(kind, tuple(sorted(cpus)), quota, memory, nodes, len(cores))
+    return Limits(kind, tuple(sorted(cpus)), quota, memory, len(cores), nodes)
 
 
 # ------------------------------------------------------------------------------------- plan
@@ -360,7 +357,7 @@ def plan(
     if "VLLM_CPU_OMP_THREADS_BIND" in yours or "OMP_NUM_THREADS" in yours:
         p.threads = "yours"
     elif not under_quota:
-        omp = max(limits.physical_cores - workers, workers)
+        omp = max(limits.cores - workers, workers)
         spare = len(allowed) - omp
         p.threads = (
             f"vLLM auto over the {len(allowed)} allowed CPUs (no quota below them), "
