@@ -232,6 +232,28 @@ def test_bad_input_is_one_line_and_exit_64(run, env, args, message):
     assert took < 5
 
 
+@pytest.mark.parametrize("host", [None, "127.0.0.1"])
+def test_port_in_use_is_one_line_and_exit_64(run, tmp_path, host):
+    """Another server on vLLM's port: said before vLLM starts. Without the check vLLM failed to
+    bind only after loading the model, and the supervisor first reported SERVING from the other
+    server's /health."""
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        model = tmp_path / "m"
+        model.mkdir()
+        args = ["serve", str(model), "--port", str(port)] + (["--host", host] if host else [])
+        code, out, took = run({}, args).finish()
+    assert code == 64, out
+    lines = out.strip().splitlines()
+    where = f"{host}:{port}" if host else f"port {port}"
+    assert len(lines) == 1 and f"cannot listen on {where}: Address already in use" in lines[0], out
+    assert "fake vllm" not in out and took < 5
+
+
 def test_vllm_not_installed_is_127(tmp_path):
     import subprocess
 

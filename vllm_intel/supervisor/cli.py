@@ -44,6 +44,7 @@ def serve(args: list[str]) -> int:
     with janitor.run_dir(tmp, settings.shm_dir(), sup.state_path) as run:
         # After the sweep (a dead run's segments no longer count), before anything starts.
         resources.check_shm(settings.shm_dir(), plan.shm_needed)
+        settings.check_port(cfg.host, cfg.port)
         log(plan.line())
         Supervisor.block_signals()
         if probe_port is not None:

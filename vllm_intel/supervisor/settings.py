@@ -72,8 +72,8 @@ EXIT_CODES = (
         str(Exit.CONFIG.value),
         "configuration error, nothing started (bad drain value, missing model "
         "path, bad or unreadable `--config` file, a vLLM setting the supervisor cannot "
-        "work with, unknown subcommand, bad patch name, too long `TMPDIR`) or a container too "
-        "small for vLLM (`/dev/shm`, memory limit)",
+        "work with, unknown subcommand, bad patch name, too long `TMPDIR`, a port in use) or a "
+        "container too small for vLLM (`/dev/shm`, memory limit)",
     ),
     (
         str(Exit.PREFETCH.value),
@@ -334,6 +334,7 @@ class ServeConfig:
     flags: list[str] | None = None  # the vLLM flags as passed on
     url: str = ""  # where the supervisor reads vLLM's /health and /metrics
     count_requests: bool = True  # vLLM exports its vllm:* metrics (no --disable-log-stats)
+    host: str | None = None  # vLLM's --host (None: every interface)
 
     def __post_init__(self):
         self.url = self.url or f"http://127.0.0.1:{self.port}"
@@ -436,6 +437,7 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
         flags=flags,
         url=poll_url(vargs.host, port, tls=vargs.ssl_certfile is not None),
         count_requests=not vargs.disable_log_stats,
+        host=vargs.host,
     )
 
 
@@ -446,6 +448,27 @@ def check_tmpdir() -> None:
             f"TMPDIR {tmp} is longer than {MAX_TMPDIR_LEN} characters: vLLM's IPC "
             "socket paths inside it would not fit a unix socket address"
         )
+
+
+def check_port(host: str | None, port: int) -> None:
+    """Preflight: vLLM's port is free. Else vLLM fails to bind only after loading the model, and
+    meanwhile whatever holds the port answers the supervisor's /health as if vLLM were ready."""
+    import socket
+
+    # vLLM's own bind (create_server_socket, vllm/entrypoints/launchers/launcher.py): its --host
+    # or every IPv4 interface, SO_REUSEADDR (a socket in TIME_WAIT does not block it).
+    addr = host or ""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((addr, port))
+        except OSError as e:
+            where = f"{host}:{port}" if host else f"port {port}"
+            raise ConfigError(
+                f"cannot listen on {where}: {e.strerror or e} (another server holds it? "
+                "choose another with --port)"
+            ) from None
 
 
 def inductor_cache(env=os.environ) -> pathlib.Path:
