@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 
+from . import stats
 from .common import RAW, RESULTS, Row, cell, log, spread
 
 SECTIONS = (
@@ -62,16 +63,20 @@ def table(rows: list[Row], info: dict, args) -> str:
         f"Measured {info['date']} on {info['nproc']} x {info['cpu']}, load average at start "
         f"{la}; vLLM {info['vllm']}; repeats {args.repeat}{' (--quick)' if args.quick else ''}.",
         "Cells: min / median / max over the repeats (one value: one sample). Ratio: ours / "
-        "alternative, per A/B pair.",
+        f"alternative, per A/B pair; its {stats.LEVEL:.0%} interval is the median's (sign test). "
+        "A `ratio` goal is met when the whole interval meets it (docs/bench.md, method).",
         "",
-        "| section | figure | unit | ours | alternative | ratio | goal | met |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| section | figure | unit | ours | alternative | ratio | {stats.LEVEL:.0%} interval "
+        "| goal | met |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        met = {True: "yes", False: "**no**", None: ""}[r.met]
+        iv = stats.interval(r.ratio)
+        met = {True: "yes", False: "**no**", None: ""}.get(r.met, r.met)
         out.append(
             f"| {r.section} | {r.figure} | {r.unit} | {cell(r.ours, r.fmt)} | "
-            f"{cell(r.alt, r.fmt)} | {cell(r.ratio, '{:.3f}')} | {r.goal} | {met} |"
+            f"{cell(r.alt, r.fmt)} | {cell(r.ratio, '{:.3f}')} | {iv.text() if iv else ''} | "
+            f"{r.goal} | {met} |"
         )
     notes = [f"- {r.section} / {r.figure}: {r.note}" for r in rows if r.note]
     if notes:
@@ -91,6 +96,7 @@ def save(path, rows, info, args, done, failed) -> None:
                 ours_spread=spread(r.ours),
                 alt_spread=spread(r.alt),
                 ratio_spread=spread(r.ratio),
+                ratio_interval=stats.as_dict(stats.interval(r.ratio)),
             )
             for r in rows
         ],
@@ -157,6 +163,10 @@ def main(argv: list[str]) -> int:
                     note=failed[name].splitlines()[0],
                 )
             )
+        for r in rows:  # a ratio goal is judged by its interval, whatever the section said
+            judged = stats.verdict(r.goal, stats.interval(r.ratio))
+            if judged is not None:
+                r.met = judged
         log(f"section {name} took {time.monotonic() - t:.0f} s")
         save(out, rows, info, args, done, failed)
     text = table(rows, info, args)

