@@ -115,6 +115,29 @@ def test_a_stop_while_starting_reaches_the_group_after_kill_grace(run):
     assert code == 124 and time.monotonic() - t0 <= 5 + 10 + 2, out
 
 
+def test_a_stop_just_after_vllm_became_ready_drains_instead_of_killing_the_group(run):
+    """vLLM ready between two /health polls: the supervisor still says STARTING when SIGTERM comes,
+    but vLLM answers HTTP and may hold accepted requests (seen in a benchmark: a stream cut when
+    the group's SIGTERM hit an engine draining it). Here /health never says ready, /metrics
+    answers: one SIGTERM only, the fake's 5 s drain runs out, exit 0."""
+    r = run(
+        {
+            "FAKE_READY_AFTER": "600",
+            "FAKE_METRICS_AFTER": "0",
+            "FAKE_DRAIN": "5",
+            "INTEL_VLLM_DRAIN_TIMEOUT": "30",
+        }
+    )
+    r.wait_for(lambda: r.state() == "STARTING")
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0 and out.count("got SIGTERM") == 1, out
+    assert "vLLM was serving when the stop came" in out and "process group" not in out, out
+    assert 4.5 <= time.monotonic() - t0 <= 9, out
+
+
 def test_deadline_kills_the_group(run):
     r = run({"FAKE_ON_TERM": "ignore", "INTEL_VLLM_DRAIN_TIMEOUT": "0"})
     r.wait_for(lambda: r.state() == "SERVING")

@@ -187,8 +187,13 @@ class Supervisor:
     def check_deadline(self) -> None:
         now = time.monotonic()
         if self.group_term_at is not None and now >= self.group_term_at and not self.escalated:
-            log("vLLM did not stop while starting: SIGTERM to its process group (nothing to drain)")
-            self.signal_group(signal.SIGTERM)
+            if self.observer.answering.is_set():
+                log("vLLM was serving when the stop came (ready since the last check): it drains")
+            else:
+                log(
+                    "vLLM did not stop while starting: SIGTERM to its process group (nothing to drain)"
+                )
+                self.signal_group(signal.SIGTERM)
             self.group_term_at = None
         if self.escalate_at is not None and now >= self.escalate_at and not self.escalated:
             log(

@@ -83,6 +83,11 @@ class Observer(threading.Thread):
         self.wake = threading.Event()  # the drain began (or the supervisor is done)
         self.stopped = threading.Event()
         self.counting = False
+        # A stop while STARTING, yet vLLM answers HTTP: it became ready between two /health polls,
+        # may hold accepted requests, and drains them itself (before its engine is up, its HTTP
+        # server accepts nothing: a request waits in the listen queue and times out).
+        self.stopped_while_starting = False
+        self.answering = threading.Event()
         self.at_drain: dict[str, float] | None = None  # first sample after the drain began
         self.last: dict[str, float] | None = None
 
@@ -93,6 +98,10 @@ class Observer(threading.Thread):
             else:
                 self.wake.wait(TICK_S)
         self.wake.wait()
+        if self.stopped_while_starting and not self.stopped.is_set():
+            if http_get(self.url, "/metrics", METRICS_TIMEOUT_S)[0]:
+                self.answering.set()
+                self.counting = self.count_requests
         while self.counting and not self.stopped.is_set():
             counts = request_counts(self.url)
             if counts is not None:
@@ -104,6 +113,7 @@ class Observer(threading.Thread):
     def begin_drain(self, serving: bool) -> None:
         """Stop the health polling; count requests until the end if vLLM was serving."""
         self.counting = serving and self.count_requests
+        self.stopped_while_starting = not serving
         self.wake.set()
 
     def stop(self) -> None:

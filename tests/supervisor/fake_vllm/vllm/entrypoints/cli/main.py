@@ -10,8 +10,10 @@ FAKE_SHM=NAME creates NAME in INTEL_VLLM_SHM_DIR and keeps it mapped, as vLLM do
 segments (and leaves it behind, as a killed vLLM does).
 FAKE_ZOMBIE=PATH leaves an orphan (its pid written to PATH) that exits after 1.5 s: re-parented to
 the supervisor, which must reap it. FAKE_EXIT_AFTER=S,N exits by itself with code N after S seconds (an "engine death").
-GET /metrics answers FAKE_RUNNING requests running (default 0) in Prometheus text; FAKE_METRICS=hang
-makes it never answer (the supervisor must forward signals regardless). Each "got SIG..." line
+GET /metrics answers FAKE_RUNNING requests running (default 0) in Prometheus text once
+FAKE_METRICS_AFTER seconds have passed (default FAKE_READY_AFTER: before its engine is up, vLLM
+answers nothing); FAKE_METRICS=hang makes it never answer (the supervisor must forward signals
+regardless). Each "got SIG..." line
 carries the wall-clock time it arrived (`at T`).
 """
 
@@ -28,6 +30,7 @@ port = int(args[args.index("--port") + 1]) if "--port" in args else 8000
 print("fake vllm argv:", " ".join(args), flush=True)
 start = time.monotonic()
 ready_after = float(os.environ.get("FAKE_READY_AFTER", "0"))
+metrics_after = float(os.environ.get("FAKE_METRICS_AFTER", ready_after))
 terms = []
 
 if os.environ.get("FAKE_SHM"):
@@ -74,7 +77,7 @@ for s in (
 class Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
         if self.path == "/metrics":
-            if os.environ.get("FAKE_METRICS") == "hang":
+            if os.environ.get("FAKE_METRICS") == "hang" or time.monotonic() - start < metrics_after:
                 time.sleep(3600)
             running = os.environ.get("FAKE_RUNNING", "0")
             body = (
