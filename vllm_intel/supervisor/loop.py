@@ -150,6 +150,7 @@ class Supervisor:
         # First: only the API server, which orders the engine's drain (signalling the group
         # would cut it). Everything else (state file, log, counting requests) comes after.
         self.signal_child(signal.SIGTERM)
+        self.check_ready()  # the observer may have seen vLLM ready since the loop last looked
         self.stop_requested_at = now
         self.kill_at = now + settings.deadline(self.drain)
         self.escalate_at = self.kill_at - KILL_GRACE_S
