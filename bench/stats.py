@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import statistics
 from dataclasses import dataclass
 
 LEVEL = 0.95
@@ -47,8 +48,6 @@ def interval(ratios: list[float]) -> Interval | None:
     values = [v for v in values if math.isfinite(v)]
     if not values:
         return None
-    import statistics
-
     from scipy.stats import quantile_test
 
     ci = quantile_test(values, q=statistics.median(values), p=0.5).confidence_interval(LEVEL)
