@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
 import shutil
@@ -224,3 +225,69 @@ def cell(values: list, fmt: str = "{:.2f}") -> str:
 
 def pair_ratios(ours: list, alt: list) -> list[float]:
     return [a / b for a, b in zip(ours, alt) if numeric([a, b]) and b != 0]
+
+
+# ---------------------------------------------------------------------------------- load
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by pid and its descendants."""
+    total = 0.0
+    for p in [pid] + descendants(pid):
+        try:
+            times = psutil.Process(p).cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            pass
+    return total
+
+
+def curl_streams(s: Server, streams: int, tokens: int) -> dict:
+    """`streams` streaming completions of `tokens` tokens each, started together, one `curl`
+    process per stream (clients outside the bench's own interpreter, as a user's are: Python
+    client threads in this process share its GIL and change how the server gets scheduled).
+
+    Returns ok (every stream HTTP 200, `[DONE]`, `tokens` completion tokens by its usage chunk),
+    the slowest stream's first byte (curl's clock), tokens/s of the batch and CPU ms per generated
+    token of the server's process tree."""
+    body = json.dumps(
+        {
+            "model": s.model,
+            "prompt": "def main(",
+            "max_tokens": tokens,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0.0,
+        }
+    )
+    outs = [tempfile.NamedTemporaryFile(prefix="bench-stream-", dir=s.tmp) for _ in range(streams)]
+    c0, t = cpu_s(s.pid), time.monotonic()
+    procs = [
+        subprocess.Popen(
+            ["curl", "-sSN", "-o", out.name, "--max-time", "300"]
+            + ["-w", "%{http_code} %{time_starttransfer}\n"]
+            + ["-H", "Content-Type: application/json", "-d", body, s.url + "/v1/completions"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for out in outs
+    ]
+    rows = [p.communicate()[0].split() for p in procs]
+    wall = time.monotonic() - t
+    cpu = cpu_s(s.pid) - c0
+    done = []
+    for out in outs:
+        text = pathlib.Path(out.name).read_text(errors="replace")
+        out.close()
+        usage = [ln for ln in text.splitlines() if '"completion_tokens"' in ln]
+        got = json.loads(usage[-1][len("data: ") :])["usage"]["completion_tokens"] if usage else 0
+        done.append("data: [DONE]" in text and got == tokens)
+    ok = all(r and r[0] == "200" for r in rows) and all(done)
+    first = [float(r[1]) for r in rows if len(r) == 2]
+    return {
+        "ok": ok,
+        "worst_first_byte_s": round(max(first), 3) if ok else None,
+        "tok_s": round(streams * tokens / wall, 1) if ok else None,
+        "cpu_ms": round(cpu * 1000 / (streams * tokens), 4) if ok else None,
+    }

@@ -3,8 +3,8 @@ spare, the shm readers sleeping (ours: the CPU plan's VLLM_SHM_BROADCAST_BUSY_SL
 spinning (vLLM's default: the same entrypoint with the variable set to 0, which the plan keeps).
 
 Each arm is one server (`entrypoint.py serve`, compiled) that serves `BATCHES` batches of 8
-streaming completions started together by 8 `curl` processes (curl's own clock: its time to the
-first byte and to the end, independent of a Python client's GIL). Per batch: the slowest stream's
+streaming completions started together by 8 `curl` processes (common.curl_streams: curl's own
+clock for the first byte, independent of a Python client's GIL). Per batch: the slowest stream's
 time to first byte, and the batch's tokens/s. The arms alternate A B per repeat.
 
 Only meaningful where vLLM's `auto` OpenMP binding leaves fewer than two CPUs beside its threads
@@ -14,49 +14,13 @@ arms spin alike unless under a CPU quota.
 
 from __future__ import annotations
 
-import json
 import shutil
 import statistics
-import subprocess
-import time
 
-from .common import Row, launch, log, pair_ratios, record, stop, terminate
+from .common import Row, curl_streams, launch, log, pair_ratios, record, stop, terminate
 
 STREAMS = 8
 SPIN = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
-
-
-def batch(s, tokens: int) -> dict:
-    body = json.dumps(
-        {
-            "model": s.model,
-            "prompt": "def main(",
-            "max_tokens": tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "temperature": 0.0,
-        }
-    )
-    t = time.monotonic()
-    procs = [
-        subprocess.Popen(
-            ["curl", "-sSN", "-o", "/dev/null", "--max-time", "300"]
-            + ["-w", "%{http_code} %{time_starttransfer} %{time_total}\n"]
-            + ["-H", "Content-Type: application/json", "-d", body, s.url + "/v1/completions"],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(STREAMS)
-    ]
-    rows = [p.communicate()[0].split() for p in procs]
-    wall = time.monotonic() - t
-    ok = all(r and r[0] == "200" for r in rows)
-    first = [float(r[1]) for r in rows if len(r) == 3]
-    return {
-        "ok": ok,
-        "worst_first_byte_s": round(max(first), 2) if ok else None,
-        "tok_s": round(STREAMS * tokens / wall, 1) if ok else None,
-    }
 
 
 def arm(kind: str, label: str, batches: int, tokens: int) -> dict:
@@ -64,7 +28,7 @@ def arm(kind: str, label: str, batches: int, tokens: int) -> dict:
     s, _ = launch("ours", [], name=f"stall-{kind}-{label}", env=env)
     try:
         plan = next((ln for ln in s.text().splitlines() if "[entrypoint] plan:" in ln), "")
-        runs = [batch(s, tokens) for _ in range(batches)]
+        runs = [curl_streams(s, STREAMS, tokens) for _ in range(batches)]
         out = {
             "kind": kind,
             "plan_sets_sleep": f"{SPIN}=0.0001" in plan,

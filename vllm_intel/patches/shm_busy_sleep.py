@@ -26,7 +26,9 @@ busy branch the reader sleeps ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S`` seconds instea
 bounding how often it checks; the 1 s window and the idle path (zmq notification) are vLLM's.
 Shortening the window instead (vllm PR #52814's ``VLLM_SHM_BROADCAST_BUSY_LOOP_S``) was tried
 and rejected: on 0.32.0 a reader parked on the notification missed wake-ups and serving stalled
-(0-50 tokens/s instead of 1000-1700). Unset or 0: vLLM's ``sched_yield``, nothing patched.
+(0-50 tokens/s instead of 1000-1700). Blocking on vLLM's zmq write notification for up to 1 ms
+inside the window, instead of sleeping, was tried too: 2158-2612 tokens/s against the sleep's
+2990-3835 (docs/bench.md, "spin or sleep"). Unset or 0: vLLM's ``sched_yield``, nothing patched.
 """
 
 from __future__ import annotations
