@@ -168,3 +168,60 @@ def test_the_watcher_records_what_the_run_maps(tmp_path):
     assert claim.names == {"psm_88"}
     assert janitor.read_claim(claim.fd)["shm"] == ["psm_88"]
     claim.release()
+
+
+def _watch(monkeypatch, shm, seconds: float) -> tuple[janitor.Claim, list[float]]:
+    """Run a Watcher on this process for `seconds` at a 10 ms period; its claim and scan times."""
+    monkeypatch.setattr(janitor, "WATCH_FAST_S", 0.01)
+    claim = janitor.Claim(shm, shm.parent)
+    watcher = janitor.Watcher(claim, shm, os.getpid())
+    scans: list[float] = []
+    real_scan = watcher.scan
+    watcher.scan = lambda: (scans.append(time.monotonic()), real_scan())
+    watcher.start()
+    time.sleep(seconds)
+    watcher.stop()
+    return claim, scans
+
+
+def test_the_watcher_reads_no_maps_while_nothing_new_is_there(tmp_path, monkeypatch):
+    """A scan reads every process's maps: none while there is nothing unclaimed to find."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    _files(shm, "not-vllm")
+    claim, scans = _watch(monkeypatch, shm, 0.3)
+    assert scans == [] and claim.names == set()
+    claim.release()
+
+
+def test_the_watcher_stops_scanning_once_what_it_can_claim_is_claimed(tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    _files(shm, "psm_77", "psm_99")  # psm_99: another server's, never mapped here
+    with open(shm / "psm_77", "r+b") as f, mmap.mmap(f.fileno(), 64):
+        claim, scans = _watch(monkeypatch, shm, 0.5)
+    assert claim.names == {"psm_77"}
+    # psm_99 stays unclaimed: scanned after each change of the unclaimed set, then left alone
+    assert 1 <= len(scans) <= 2 * janitor.SCANS_AFTER_CHANGE, scans
+    claim.release()
+
+
+def test_the_watcher_claims_an_entry_mapped_a_moment_after_it_appeared(tmp_path, monkeypatch):
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(janitor, "WATCH_FAST_S", 0.01)
+    claim = janitor.Claim(shm, tmp_path)
+    watcher = janitor.Watcher(claim, shm, os.getpid())
+    watcher.start()
+    try:
+        time.sleep(0.05)
+        _files(shm, "psm_66")  # created: the watcher sees a new unclaimed entry ...
+        time.sleep(0.015)
+        with open(shm / "psm_66", "r+b") as f, mmap.mmap(f.fileno(), 64):  # ... mapped after
+            deadline = time.monotonic() + 2
+            while "psm_66" not in claim.names and time.monotonic() < deadline:
+                time.sleep(0.01)
+    finally:
+        watcher.stop()
+    assert claim.names == {"psm_66"}
+    claim.release()
