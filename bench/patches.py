@@ -114,7 +114,6 @@ def serves(plugin: bool) -> dict:
 
 
 def run(repeat: int, quick: bool) -> list[Row]:
-    max_tokens = 1000 if quick else 2000
     if shutil.which("curl") is None:
         return [Row("patches", "not measured", note="needs curl", met=False)]
     max_tokens = 1000 if quick else 2000
