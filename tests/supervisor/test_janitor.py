@@ -4,6 +4,7 @@ namespace - and what nobody claims is reported, never removed."""
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import shutil
@@ -170,8 +171,9 @@ def test_the_watcher_records_what_the_run_maps(tmp_path):
     claim.release()
 
 
-def _watch(monkeypatch, shm, seconds: float) -> tuple[janitor.Claim, list[float]]:
-    """Run a Watcher on this process for `seconds` at a 10 ms period; its claim and scan times."""
+@contextlib.contextmanager
+def _watching(monkeypatch, shm):
+    """A Watcher on this process at a 10 ms period while the block runs: (its claim, scan times)."""
     monkeypatch.setattr(janitor, "WATCH_FAST_S", 0.01)
     claim = janitor.Claim(shm, shm.parent)
     watcher = janitor.Watcher(claim, shm, os.getpid())
@@ -179,9 +181,10 @@ def _watch(monkeypatch, shm, seconds: float) -> tuple[janitor.Claim, list[float]
     real_scan = watcher.scan
     watcher.scan = lambda: (scans.append(time.monotonic()), real_scan())
     watcher.start()
-    time.sleep(seconds)
-    watcher.stop()
-    return claim, scans
+    try:
+        yield claim, scans
+    finally:
+        watcher.stop()
 
 
 def test_the_watcher_reads_no_maps_while_nothing_new_is_there(tmp_path, monkeypatch):
@@ -189,7 +192,8 @@ def test_the_watcher_reads_no_maps_while_nothing_new_is_there(tmp_path, monkeypa
     shm = tmp_path / "shm"
     shm.mkdir()
     _files(shm, "not-vllm")
-    claim, scans = _watch(monkeypatch, shm, 0.3)
+    with _watching(monkeypatch, shm) as (claim, scans):
+        time.sleep(0.3)
     assert scans == [] and claim.names == set()
     claim.release()
 
@@ -199,7 +203,8 @@ def test_the_watcher_stops_scanning_once_what_it_can_claim_is_claimed(tmp_path, 
     shm.mkdir()
     _files(shm, "psm_77", "psm_99")  # psm_99: another server's, never mapped here
     with open(shm / "psm_77", "r+b") as f, mmap.mmap(f.fileno(), 64):
-        claim, scans = _watch(monkeypatch, shm, 0.5)
+        with _watching(monkeypatch, shm) as (claim, scans):
+            time.sleep(0.5)
     assert claim.names == {"psm_77"}
     # psm_99 stays unclaimed: scanned after each change of the unclaimed set, then left alone
     assert 1 <= len(scans) <= 2 * janitor.SCANS_AFTER_CHANGE, scans
@@ -209,11 +214,7 @@ def test_the_watcher_stops_scanning_once_what_it_can_claim_is_claimed(tmp_path, 
 def test_the_watcher_claims_an_entry_mapped_a_moment_after_it_appeared(tmp_path, monkeypatch):
     shm = tmp_path / "shm"
     shm.mkdir()
-    monkeypatch.setattr(janitor, "WATCH_FAST_S", 0.01)
-    claim = janitor.Claim(shm, tmp_path)
-    watcher = janitor.Watcher(claim, shm, os.getpid())
-    watcher.start()
-    try:
+    with _watching(monkeypatch, shm) as (claim, _):
         time.sleep(0.05)
         _files(shm, "psm_66")  # created: the watcher sees a new unclaimed entry ...
         time.sleep(0.015)
@@ -221,7 +222,5 @@ def test_the_watcher_claims_an_entry_mapped_a_moment_after_it_appeared(tmp_path,
             deadline = time.monotonic() + 2
             while "psm_66" not in claim.names and time.monotonic() < deadline:
                 time.sleep(0.01)
-    finally:
-        watcher.stop()
     assert claim.names == {"psm_66"}
     claim.release()
