@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -243,16 +244,23 @@ def cpu_s(pid: int) -> float:
 
 
 def curl_streams(s: Server, streams: int, tokens: int) -> dict:
+    """`curl_batch` against a local server; CPU of its process tree."""
+    return curl_batch(s.url, s.model, s.tmp, streams, tokens, lambda: cpu_s(s.pid))
+
+
+def curl_batch(
+    url: str, model: str, tmp, streams: int, tokens: int, cpu_seconds: Callable[[], float]
+) -> dict:
     """`streams` streaming completions of `tokens` tokens each, started together, one `curl`
     process per stream (clients outside the bench's own interpreter, as a user's are: Python
     client threads in this process share its GIL and change how the server gets scheduled).
 
     Returns ok (every stream HTTP 200, `[DONE]`, `tokens` completion tokens by its usage chunk),
     the slowest stream's first byte (curl's clock), tokens/s of the batch and CPU ms per generated
-    token of the server's process tree."""
+    token (`cpu_seconds()`: the server's CPU so far)."""
     body = json.dumps(
         {
-            "model": s.model,
+            "model": model,
             "prompt": "def main(",
             "max_tokens": tokens,
             "ignore_eos": True,
@@ -261,13 +269,13 @@ def curl_streams(s: Server, streams: int, tokens: int) -> dict:
             "temperature": 0.0,
         }
     )
-    outs = [tempfile.NamedTemporaryFile(prefix="bench-stream-", dir=s.tmp) for _ in range(streams)]
-    c0, t = cpu_s(s.pid), time.monotonic()
+    outs = [tempfile.NamedTemporaryFile(prefix="bench-stream-", dir=tmp) for _ in range(streams)]
+    c0, t = cpu_seconds(), time.monotonic()
     procs = [
         subprocess.Popen(
             ["curl", "-sSN", "-o", out.name, "--max-time", "300"]
             + ["-w", "%{http_code} %{time_starttransfer}\n"]
-            + ["-H", "Content-Type: application/json", "-d", body, s.url + "/v1/completions"],
+            + ["-H", "Content-Type: application/json", "-d", body, url + "/v1/completions"],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -275,7 +283,7 @@ def curl_streams(s: Server, streams: int, tokens: int) -> dict:
     ]
     rows = [p.communicate()[0].split() for p in procs]
     wall = time.monotonic() - t
-    cpu = cpu_s(s.pid) - c0
+    cpu = cpu_seconds() - c0
     done = []
     for out in outs:
         text = pathlib.Path(out.name).read_text(errors="replace")

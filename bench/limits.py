@@ -1,52 +1,68 @@
 """limits: the CPU image under a CPU quota vs the same CPU count as a cpuset, with and without the
 CPU plan (Docker only).
 
-Three containers of the image (`serve --enforce-eager`, `--shm-size 1g --memory 4g`), started one
+Four containers of the image (`serve --enforce-eager`, `--shm-size 1g --memory 4g`), started one
 after the other and then all running at once:
 - quota+plan:  `--cpus 1` (a quota smaller than the 2-CPU affinity set), the plan as shipped;
 - quota-plan:  `--cpus 1 -e INTEL_VLLM_CPU_PLAN=0` (vLLM's own thread choice; KV cache 1 GiB);
-- cpuset:      `--cpuset-cpus 0` (the same one CPU as a cpuset; the plan has nothing to change).
+- cpuset:      `--cpuset-cpus 0` (the same one CPU as a cpuset; the plan has nothing to change);
+- wait-on-cpuset: `--cpus 1 --cpuset-cpus 0` with the readers waiting as quota+plan's do (patch
+  shm-busy-sleep) instead of spinning: splits what quota+plan loses against the cpuset into the
+  readers' wait (this arm vs cpuset) and running on two CPUs (quota+plan vs this arm).
 The load alternates between them round by round (rotating the order), so the machine's drift hits
-all three alike: one 256-token stream, then 8 concurrent 128-token streams. Per round and arm:
-tokens/s (client side, first request sent to last byte) and the container's CPU time per generated
-token (cgroup v2 `cpu.stat` usage_usec or v1 `cpuacct.usage`: every process in it), which a busy
-neighbour disturbs far less than wall time. Ratios per round: quota+plan / cpuset (goal >= 0.95)
-and quota+plan / quota-plan (goal >= 1: the plan is never slower than vLLM's defaults).
+all alike, and while one arm is measured the others are paused (an idle server still polls, on this
+2-CPU machine beside the measured arm: a one-CPU cpuset arm used 0.7-0.8 of its CPU next to two
+idle servers, all of it with them paused). Per round and arm: one 512-token stream, then 8
+concurrent 256-token streams, one `curl` process each (common.curl_batch); tokens/s (client side),
+the container's CPU time per generated token and per second of the round (cgroup v2 `cpu.stat`
+usage_usec or v1 `cpuacct.usage`, read on the host: every process in the container), and the share
+of CFS periods in which the quota ran out. Ratios per round: quota+plan / cpuset (goal >= 0.95) and
+quota+plan / quota-plan (goal >= 1: the plan is never slower than vLLM's defaults).
 Also per arm: time to ready, peak memory (cgroup), the CPU an idle server burns, and the threads
 of every process in it: where a quota goes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pathlib
 import re
+import shutil
 import statistics
+import tempfile
 import time
 
-from tests.harness import Container, Streams
+from tests.harness import Container
 
-from .common import RESULTS, Row, log, pair_ratios, record
+from .common import RESULTS, Row, curl_batch, log, pair_ratios, record
 from .dockerutil import IMAGE, docker, engine
 
 # Every arm gets the same memory limit: the plan sizes the KV cache from it (4 GiB -> 1 GiB).
 # The plan-off arm is vLLM's thread choice with the same 1 GiB KV cache: with nothing set, vLLM
 # reserves 92 % of the node's memory (--gpu-memory-utilization) and cannot start next to another
 # server (seen: "Available memory on node 0 (18.15/21.84 GiB) ... is less than desired").
+BUSY_SLEEP = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
 COMMON = ["--shm-size", "1g", "--memory", "4g"]
 ARMS = {
     "quota+plan": ["--cpus", "1"],
     "quota-plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=0", "-e", "VLLM_CPU_KVCACHE_SPACE=1"],
     "cpuset": ["--cpuset-cpus", "0"],
+    # where the rest goes: the quota arm's readers' wait on the cpuset's one CPU; against the
+    # cpuset it costs the wait alone, and quota+plan against it costs running on two CPUs
+    "wait-on-cpuset": ["--cpus", "1", "--cpuset-cpus", "0", "-e", f"{BUSY_SLEEP}=0.0001"],
 }
-LOADS = {"1 stream": (1, 256), "8 streams": (8, 128)}
+LOADS = {"1 stream": (1, 512), "8 streams": (8, 256)}
 MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
-# cgroup v2 file and field, then v1's cpuacct (nanoseconds), as seen from inside the container
-CPU_TIME = (
-    ("/sys/fs/cgroup/cpu.stat", "usage_usec", 1),
-    ("/sys/fs/cgroup/cpuacct/cpuacct.usage", None, 1e-3),
-)
-PEAK_MEMORY = ("/sys/fs/cgroup/memory.peak", "/sys/fs/cgroup/memory/memory.max_usage_in_bytes")
+# (cgroup v2 file, v1 controller and file): read from the host through the container's cgroup
+# path, so that reading them runs nothing in the container (a `docker exec` bills its cgroup).
+CPU_TIME = ("cpu.stat", "cpuacct", "cpuacct.usage")  # v2 usage_usec; v1 nanoseconds
+THROTTLE = ("cpu.stat", "cpu", "cpu.stat")  # nr_periods, nr_throttled
+PEAK_MEMORY = ("memory.peak", "memory", "memory.max_usage_in_bytes")
+CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
+# what each round records, from Arm.measure's result
+FIELDS = {"tps": "tok_s", "cpu_ms": "cpu_ms", "cpu_per_s": "cpu_per_s", "throttled": "throttled"}
 
 
 class Arm(Container):
@@ -54,39 +70,54 @@ class Arm(Container):
         self.kind = kind
         name = f"vllm-intel-bench-limits-{os.getpid()}-{kind.replace('+', 'p')}"
         super().__init__(name, IMAGE, COMMON + ARMS[kind], ["serve", "--enforce-eager"])
+        self.tmp = tempfile.mkdtemp(prefix="bench-limits-")
 
     def start(self) -> None:
         self.ready_s = round(self.wait_ready(900), 1)
         plan = re.findall(r"\[entrypoint\] (plan:[^\n]*)", self.logs())
         self.plan = plan[0][:300] if plan else "no plan line"
         log(f"{self.kind}: ready in {self.ready_s} s; {self.plan}")
-        Streams(self.url, MODEL_IN_IMAGE, 2, 32).join(300)  # warm-up
+        self.measure(2, 32)  # warm-up
 
-    def _read(self, path: str) -> str | None:
-        out = docker("exec", self.name, "cat", path, check=False)
-        return out.stdout if out.returncode == 0 else None
+    def _read(self, v2_file: str, v1_controller: str, v1_file: str) -> str | None:
+        """A cgroup file of the container, read on the host (cgroup v2, else v1)."""
+        pid = docker("inspect", "-f", "{{.State.Pid}}", self.name).stdout.strip()
+        for line in pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "" and (CGROUP_ROOT / "cgroup.controllers").exists():
+                candidate = CGROUP_ROOT / path.lstrip("/") / v2_file
+            elif v1_controller in controllers.split(","):
+                candidate = CGROUP_ROOT / v1_controller / path.lstrip("/") / v1_file
+            else:
+                continue
+            if candidate.exists():
+                return candidate.read_text()
+        return None
 
-    def cpu_usec(self) -> float:
-        """CPU time (user + system) of every process in the container, in microseconds."""
-        for path, field, to_usec in CPU_TIME:
-            text = self._read(path)
-            if text is not None:
-                value = re.search(rf"{field} (\d+)", text).group(1) if field else text.strip()
-                return int(value) * to_usec
-        raise RuntimeError(f"{self.kind}: no cgroup CPU accounting file ({CPU_TIME})")
+    def cpu_s(self) -> float:
+        """CPU time (user + system) of every process in the container, in seconds."""
+        text = self._read(*CPU_TIME)
+        if text is None:
+            raise RuntimeError(f"{self.kind}: no cgroup CPU accounting file ({CPU_TIME})")
+        if "usage_usec" in text:
+            return int(re.search(r"usage_usec (\d+)", text).group(1)) / 1e6
+        return int(text) / 1e9
+
+    def throttle(self) -> tuple[int, int]:
+        """(CFS periods, periods in which the quota ran out and the container was stopped)."""
+        text = self._read(*THROTTLE) or ""
+        got = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
+        return int(got.get("nr_periods", 0)), int(got.get("nr_throttled", 0))
 
     def peak_mib(self) -> float | None:
-        for path in PEAK_MEMORY:
-            text = self._read(path)
-            if text is not None:
-                return round(int(text) / 2**20)
-        return None
+        text = self._read(*PEAK_MEMORY)
+        return round(int(text) / 2**20) if text else None
 
     def idle_cpu_pct(self, seconds: float = 5) -> float:
         """CPU the idle server burns (polling loops, spinning OpenMP threads), % of one CPU."""
-        c0, t0 = self.cpu_usec(), time.monotonic()
+        c0, t0 = self.cpu_s(), time.monotonic()
         time.sleep(seconds)
-        return round((self.cpu_usec() - c0) / 1e4 / (time.monotonic() - t0), 1)
+        return round((self.cpu_s() - c0) * 100 / (time.monotonic() - t0), 1)
 
     def threads(self) -> dict[str, int]:
         """Threads of each process in the container, by process name (the quota's consumers)."""
@@ -97,16 +128,33 @@ class Arm(Container):
         out = docker("exec", self.name, "/opt/venv/bin/python", "-c", code, check=False)
         return json.loads(out.stdout) if out.returncode == 0 else {}
 
-    def measure(self, n: int, tokens: int) -> tuple[float, float]:
-        """(tokens/s, CPU ms per token) of n concurrent streams of `tokens` each."""
-        c0, t0 = self.cpu_usec(), time.monotonic()
-        res = Streams(self.url, MODEL_IN_IMAGE, n, tokens, timeout=300).join(900)
-        took = max(r.ended for r in res) - t0
-        c1 = self.cpu_usec()
-        bad = [r for r in res if not (r.done and r.tokens == tokens)]
-        if bad:
-            raise RuntimeError(f"{self.kind}: incomplete streams {bad[:2]}")
-        return n * tokens / took, (c1 - c0) / 1000 / (n * tokens)
+    def measure(self, n: int, tokens: int) -> dict:
+        """tokens/s, CPU ms per token, CPU seconds per second of the round (how much of its limit
+        the container used) and the share of CFS periods it was throttled in, for n concurrent
+        streams of `tokens` each, one curl process per stream."""
+        p0 = self.throttle()
+        got = curl_batch(self.url, MODEL_IN_IMAGE, self.tmp, n, tokens, self.cpu_s)
+        p1 = self.throttle()
+        if not got["ok"]:
+            raise RuntimeError(f"{self.kind}: a stream failed or came back short: {got}")
+        got["cpu_per_s"] = round(got["tok_s"] * got["cpu_ms"] / 1000, 3)
+        got["throttled"] = round((p1[1] - p0[1]) / max(1, p1[0] - p0[0]), 3)
+        return got
+
+
+@contextlib.contextmanager
+def alone(arm: Arm, arms: list[Arm]):
+    """Every other arm paused (cgroup freezer) while `arm` is measured: an idle server still polls
+    (4-5 % of a CPU), and on this 2-CPU machine that lands on the measured arm's CPU."""
+    others = [a for a in arms if a is not arm]
+    for a in others:
+        docker("pause", a.name)
+    try:
+        time.sleep(0.5)
+        yield
+    finally:
+        for a in others:
+            docker("unpause", a.name, check=False)
 
 
 def run(repeat: int, quick: bool) -> list[Row]:
@@ -121,14 +169,16 @@ def run(repeat: int, quick: bool) -> list[Row]:
         for kind in ARMS:
             arms.append(Arm(kind))  # appended first: removed below even if it never gets ready
             arms[-1].start()
-        got = {(a.kind, load): {"tps": [], "cpu_ms": []} for a in arms for load in LOADS}
+        got = {(a.kind, load): {key: [] for key in FIELDS} for a in arms for load in LOADS}
         for k in range(rounds):
-            order = arms[k % 3 :] + arms[: k % 3]
+            order = arms[k % len(arms) :] + arms[: k % len(arms)]
             for load, (n, tokens) in LOADS.items():
                 for a in order:
-                    tps, cpu_ms = a.measure(n, tokens)
-                    got[(a.kind, load)]["tps"].append(tps)
-                    got[(a.kind, load)]["cpu_ms"].append(cpu_ms)
+                    with alone(a, arms):
+                        m = a.measure(n, tokens)
+                    log(f"round {k}: {a.kind}, {load}: {m}")
+                    for key, field in FIELDS.items():
+                        got[(a.kind, load)][key].append(m[field])
         out = {f"{kind} {load}": v for (kind, load), v in got.items()}
         out["plans"] = {a.kind: a.plan for a in arms}
         out["ready_s"] = {a.kind: a.ready_s for a in arms}
@@ -141,28 +191,35 @@ def run(repeat: int, quick: bool) -> list[Row]:
     finally:
         for a in arms:
             a.remove(keep_log=RESULTS / "logs" / f"limits-{a.name}.log")
+            shutil.rmtree(a.tmp, ignore_errors=True)
     rows = []
     for load in LOADS:
-        qp, qd, cs = (got[(kind, load)] for kind in ARMS)
-        for alt_name, alt, goal, threshold in (
-            ("cpuset", cs, "ratio >= 0.95", 0.95),
-            ("quota-plan", qd, "ratio >= 1.00", 1.0),
+        qp, qd, cs, sc = (got[(kind, load)] for kind in ARMS)
+        for name, ours, alt_name, alt, goal, threshold in (
+            ("--cpus 1 with the plan", qp, "cpuset", cs, "ratio >= 0.95", 0.95),
+            ("--cpus 1 with the plan", qp, "quota-plan", qd, "ratio >= 1.00", 1.0),
+            ("where it goes: the readers' wait on one CPU", sc, "cpuset", cs, "", None),
+            ("where it goes: two CPUs", qp, "wait-on-cpuset", sc, "", None),
         ):
-            ratios = pair_ratios(qp["tps"], alt["tps"])
-            cpu_ratio = statistics.median(pair_ratios(qp["cpu_ms"], alt["cpu_ms"]))
+            ratios = pair_ratios(ours["tps"], alt["tps"])
+            cpu_ratio = statistics.median(pair_ratios(ours["cpu_ms"], alt["cpu_ms"]))
             rows.append(
                 Row(
                     "limits",
-                    f"{load}: --cpus 1 with the plan vs {alt_name}",
+                    f"{load}: {name} vs {alt_name}",
                     "tokens/s",
-                    qp["tps"],
+                    ours["tps"],
                     alt["tps"],
                     ratios,
                     goal,
-                    statistics.median(ratios) >= threshold,
+                    None if threshold is None else statistics.median(ratios) >= threshold,
                     note=f"{load} vs {alt_name}: CPU ms per token, median ratio {cpu_ratio:.3f} "
-                    f"(ours {statistics.median(qp['cpu_ms']):.2f}, "
-                    f"{alt_name} {statistics.median(alt['cpu_ms']):.2f}); {rounds} rounds",
+                    f"(ours {statistics.median(ours['cpu_ms']):.2f}, "
+                    f"{alt_name} {statistics.median(alt['cpu_ms']):.2f}); CPU s per s "
+                    f"{statistics.median(ours['cpu_per_s']):.2f} vs "
+                    f"{statistics.median(alt['cpu_per_s']):.2f}; throttled in "
+                    f"{statistics.median(ours['throttled']):.0%} vs "
+                    f"{statistics.median(alt['throttled']):.0%} of CFS periods; {rounds} rounds",
                     fmt="{:.0f}",
                 )
             )
