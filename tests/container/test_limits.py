@@ -1,6 +1,7 @@
 """The CPU image in the container it is given: plain `docker run` (Docker's 64 MiB /dev/shm) fails
 in one line within seconds; with the README's flags plus a CPU quota and a memory limit it logs
-its plan (threads from the quota, not pinned; KV cache from the limit) and serves."""
+its plan (threads from the quota, not pinned; KV cache from the limit; shm queue readers woken by
+their writer) and serves."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ def test_under_a_quota_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
         # 4 GiB - 10 % - 2 GiB runtime - 400 MiB shm -> 1 GiB; threads: one, not pinned
         assert "VLLM_CPU_KVCACHE_SPACE=1" in plan, plan
         assert "VLLM_CPU_OMP_THREADS_BIND=nobind" in plan and "OMP_NUM_THREADS=1" in plan, plan
-        # the shm queue readers sleep instead of spinning beside the work (shm-busy-sleep)
+        # the shm queue readers wait for their writer instead of spinning beside the work
+        # (shm-busy-sleep)
         assert "VLLM_SHM_BROADCAST_BUSY_SLEEP_S=0.0001" in plan, plan
         for proc in ("EngineCore", "Worker"):
             line = next(x for x in logs.splitlines() if f"{proc}): cpu-accelerator-api" in x)
@@ -60,6 +62,11 @@ def test_under_a_quota_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
             timeout=60,
         )
         assert r.status_code == 200, r.text
+        # ... by the futex wake-up, not the fallback sleep: one word per queue (the engine core's
+        # to the worker, the worker's back), in the container's /dev/shm
+        shm = docker("exec", c.name, "ls", "/dev/shm").stdout.split()
+        assert len([f for f in shm if f.startswith("vllm_intel_wake_")]) == 2, shm
+        assert "no futex wake-up" not in c.logs(), c.logs()[-3000:]
 
 
 @pytest.mark.slow

@@ -46,23 +46,28 @@ def test_sweep_removes_only_what_dead_runs_claimed(tmp_path):
     shm, tmp = tmp_path / "shm", tmp_path / "tmp"
     shm.mkdir()
     tmp.mkdir()
+    # vllm_intel_wake_*: the futex words of patch shm-busy-sleep, vLLM entries like the rest
     _files(shm, "psm_11", "sem.mp-live", "psm_22", "sem.mp-dead", "psm_33", "unrelated")
+    _files(shm, "vllm_intel_wake_2d", "vllm_intel_wake_3c")
     live_dir, live_fd = _run_dir(tmp, "live", locked=True)
     dead_dir, _ = _run_dir(tmp, "dead", locked=False)
     unknown_dir = tmp / f"{RUN_DIR_PREFIX}unknown"  # an older or foreign run: no lock file
     unknown_dir.mkdir()
     live = janitor.Claim(shm, live_dir)
     live.add({"psm_11", "sem.mp-live"})
-    dead = _dead_claim(shm, dead_dir, ["psm_22", "sem.mp-dead", "psm_gone"])
+    dead = _dead_claim(shm, dead_dir, ["psm_22", "sem.mp-dead", "vllm_intel_wake_2d", "psm_gone"])
 
     found = janitor.sweep(shm, tmp, in_use=set)
 
     assert sorted(found.removed) == sorted(
-        [str(shm / "psm_22"), str(shm / "sem.mp-dead"), str(dead), str(dead_dir)]
+        [str(shm / n) for n in ("psm_22", "sem.mp-dead", "vllm_intel_wake_2d")]
+        + [str(dead), str(dead_dir)]
     )
-    assert sorted(found.unclaimed) == [str(shm / "psm_33"), str(unknown_dir)]
+    unclaimed = [str(shm / "psm_33"), str(shm / "vllm_intel_wake_3c"), str(unknown_dir)]
+    assert sorted(found.unclaimed) == sorted(unclaimed)
     left = sorted(p.name for p in shm.iterdir())
-    assert left == sorted(["psm_11", "sem.mp-live", "psm_33", "unrelated", live.path.name])
+    kept = ["psm_11", "sem.mp-live", "psm_33", "vllm_intel_wake_3c", "unrelated", live.path.name]
+    assert left == sorted(kept)
     assert live_dir.exists() and unknown_dir.exists() and not dead_dir.exists()
     live.release()
     os.close(live_fd)

@@ -1,14 +1,14 @@
-"""shm-busy-sleep: vLLM's shared-memory queue readers sleep briefly between checks instead of
-spinning, from ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S``; the CPU plan sets it under a CPU quota and
-when no CPU is left beside vLLM's OpenMP threads.
+"""shm-busy-sleep: vLLM's shared-memory queue readers wait for the writer's wake-up (a futex)
+instead of spinning, from ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S``; the CPU plan sets it under a CPU
+quota and when no CPU is left beside vLLM's OpenMP threads.
 
-Target:   ``vllm.distributed.device_communicators.shm_broadcast.SpinCondition.wait`` (its busy
-          branch: ``sched_yield()`` while less than ``busy_loop_s``, 1 s, has passed since the
-          last read).
+Target:   ``vllm.distributed.device_communicators.shm_broadcast.SpinCondition`` (``wait``: its busy
+          branch, ``sched_yield()`` while less than ``busy_loop_s``, 1 s, has passed since the
+          last read; ``notify`` and ``record_read`` to wake and to remember; ``__init__``).
 Upstream: vllm PR #52848 ("[Core] Add configurable sleep to shm broadcast busy loop",
           https://github.com/vllm-project/vllm/pull/52848, open) adds this same variable,
-          default 0 (no sleep); where the installed shm_broadcast reads it, this patch stands
-          aside.
+          default 0 (no sleep), as a plain sleep; where the installed shm_broadcast reads it,
+          this patch stands aside.
 Releases: vLLM whose SpinCondition has the busy branch (since vllm PR #28053) to 0.32.0 at
           least; any platform; applied only when the variable is set.
 
@@ -21,18 +21,31 @@ quota: on 2 CPUs under ``--cpus 1`` the container used about twice the CPU time 
 the same server on a one-CPU cpuset (docs/bench.md, section limits). With fewer than two CPUs
 beside vLLM's OpenMP threads (2 cores, no quota) the engine core's spin takes the CPU the API
 server needs: new connections waited 5-23 s and streams got their first byte when the whole
-completion was done (docs/bench.md, section stall). What it changes: in the
-busy branch the reader sleeps ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S`` seconds instead of yielding,
-bounding how often it checks; the 1 s window and the idle path (zmq notification) are vLLM's.
-Shortening the window instead (vllm PR #52814's ``VLLM_SHM_BROADCAST_BUSY_LOOP_S``) was tried
-and rejected: on 0.32.0 a reader parked on the notification missed wake-ups and serving stalled
-(0-50 tokens/s instead of 1000-1700). Blocking on vLLM's zmq write notification for up to 1 ms
-inside the window, instead of sleeping, was tried too: 2158-2612 tokens/s against the sleep's
-2990-3835 (docs/bench.md, "spin or sleep"). Unset or 0: vLLM's ``sched_yield``, nothing patched.
+completion was done (docs/bench.md, section stall).
+
+What it changes, in the busy branch only (the 1 s window and the idle path, vLLM's zmq
+notification, stay vLLM's): the writer, after each write, bumps a 32-bit word shared with the
+queue's readers and wakes them (``futex(FUTEX_WAKE)``); a reader blocks on that word
+(``futex(FUTEX_WAIT)``) while it still holds the value the reader saw before its last check of the
+queue, so a write after that check returns it at once and none is missed, and otherwise it sleeps
+until woken, at most ``WAKE_TIMEOUT_S``. The word lives in a 4 KiB file in /dev/shm named after
+the queue's notify address (``vllm_intel_wake_*``; the writer removes it when its queue goes, the
+supervisor's janitor if the process dies). Where the futex cannot be had (no /dev/shm file, not
+Linux on x86-64 or aarch64) the reader sleeps ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S`` between checks,
+which is what vllm PR #52848 does. Measured under ``--cpus 1`` on 2 CPUs (docs/bench.md, section
+limits): the 100 us sleep served 0.80 of a one-CPU cpuset's tokens/s, 0.82-0.84 even when put on
+that same one CPU (each check is a wake-up, ~18 us of CPU); the wake-up 1.04 at 8 streams.
+Tried and rejected: shortening the window (vllm PR #52814's ``VLLM_SHM_BROADCAST_BUSY_LOOP_S``):
+on 0.32.0 a reader parked on the zmq notification missed wake-ups and serving stalled (0-50
+tokens/s instead of 1000-1700); blocking on that zmq notification inside the window (1 or 10 ms):
+0.2-0.8 of the sleep's tokens/s, the notifications are conflated and dropped; longer sleeps (0.5,
+2 ms) or a first sleep scaled to the last wait: slower. Unset or 0: vLLM's ``sched_yield``,
+nothing patched.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -40,6 +53,72 @@ from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source, module_
 
 ENV = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
 MODULE = "vllm.distributed.device_communicators.shm_broadcast"
+WAKE_PREFIX = "vllm_intel_wake_"
+# The reader re-checks at least this often with no wake-up: only a write whose wake-up came before
+# the reader's word was visible (not on x86-64's ordered stores) could wait this long.
+WAKE_TIMEOUT_S = 0.005
+SYS_FUTEX = {"x86_64": 202, "aarch64": 98}
+FUTEX_WAIT, FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE_FLAG): the word is in several processes
+
+
+class Wake:
+    """The futex word a queue's writer bumps after each write and its readers wait on."""
+
+    def __init__(self, notify_address: str, owner: bool):
+        import ctypes
+        import hashlib
+        import mmap
+        import platform
+        import weakref
+
+        self._syscall = ctypes.CDLL(None, use_errno=True).syscall
+        self._syscall.restype = ctypes.c_long
+        self._nr = SYS_FUTEX[platform.machine()]  # KeyError: no futex number known here
+        digest = hashlib.sha1(notify_address.encode()).hexdigest()[:16]
+        self.path = f"/dev/shm/{WAKE_PREFIX}{digest}"
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            os.ftruncate(fd, mmap.PAGESIZE)
+            self._map = mmap.mmap(fd, mmap.PAGESIZE)
+        finally:
+            os.close(fd)
+        self._word = ctypes.c_uint32.from_buffer(self._map)
+        self._addr = ctypes.c_void_p(ctypes.addressof(self._word))
+        self._timeout = _timespec(WAKE_TIMEOUT_S)
+        self._ctypes = ctypes
+        if owner:  # the writer: the file goes with its queue (or at exit)
+            weakref.finalize(self, _unlink, self.path)
+
+    @property
+    def value(self) -> int:
+        return self._word.value
+
+    def bump(self) -> None:
+        self._word.value = (self._word.value + 1) & 0xFFFFFFFF
+        self._syscall(self._nr, self._addr, FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
+
+    def wait(self, seen: int) -> None:
+        """Return when woken, at once if the word is no longer `seen`, or after the timeout."""
+        val = self._ctypes.c_uint32(seen)
+        self._syscall(
+            self._nr, self._addr, FUTEX_WAIT, val, self._ctypes.byref(self._timeout), None, 0
+        )
+
+
+def _timespec(seconds: float):
+    import ctypes
+
+    class Timespec(ctypes.Structure):
+        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+    return Timespec(int(seconds), int(seconds % 1 * 1e9))
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def busy_sleep_s(env=os.environ) -> float:
@@ -66,28 +145,74 @@ class ShmBusySleep(Patch):
         wait = code_source(MODULE, "SpinCondition.wait") or ""
         if "sched_yield()" not in wait or "busy_loop_s" not in wait:
             return NOT_APPLICABLE, "SpinCondition.wait has no sched_yield busy branch here"
+        if "def notify" not in src or "def record_read" not in src:
+            return NOT_APPLICABLE, "SpinCondition has no notify / record_read here"
         value = busy_sleep_s()  # raises: state failed, with the one-line reason
         if value == 0:
             return NOT_APPLICABLE, f"{ENV} not set: vLLM's sched_yield busy loop"
         return NEEDED, f"readers sleep {value * 1e6:.0f} us between checks ({ENV})"
 
-    def _apply(self) -> None:
+    def _apply(self) -> str:
         import time
 
         from vllm.distributed.device_communicators import shm_broadcast
 
         cls = shm_broadcast.SpinCondition
-        orig = cls.wait
+        orig_init, orig_wait = cls.__init__, cls.wait
+        orig_notify, orig_record = cls.notify, cls.record_read
         pause = busy_sleep_s()
 
-        def wait(self, timeout_ms: int | None = None) -> None:
-            if time.monotonic() <= self.last_read + self.busy_loop_s:
-                time.sleep(pause)  # vLLM: sched_yield(), a spin under a quota
-                return
-            orig(self, timeout_ms)
+        def __init__(self, is_reader, context, notify_address, *args, **kwargs):
+            orig_init(self, is_reader, context, notify_address, *args, **kwargs)
+            try:
+                self._intel_wake = Wake(str(notify_address), owner=not is_reader)
+            except (OSError, KeyError, AttributeError) as e:  # no /dev/shm file, no futex
+                self._intel_wake = None
+                logging.getLogger(__name__).warning(
+                    "%s: no futex wake-up (%s: %s), readers sleep %.0f us between checks",
+                    PATCH.name,
+                    type(e).__name__,
+                    e,
+                    pause * 1e6,
+                )
+            self._intel_seen = None
 
-        wait.__wrapped__ = orig
+        def notify(self) -> None:
+            orig_notify(self)
+            wake = getattr(self, "_intel_wake", None)
+            if wake is not None:
+                wake.bump()
+
+        def record_read(self) -> None:
+            orig_record(self)
+            wake = getattr(self, "_intel_wake", None)
+            if wake is not None:
+                self._intel_seen = wake.value  # before the next check of the queue
+
+        def wait(self, timeout_ms: int | None = None) -> None:
+            wake = getattr(self, "_intel_wake", None)
+            if time.monotonic() <= self.last_read + self.busy_loop_s:
+                if wake is None:
+                    time.sleep(pause)  # vLLM: sched_yield(), a spin under a quota
+                elif self._intel_seen is None:
+                    self._intel_seen = wake.value  # first wait: check once more, then block
+                else:
+                    wake.wait(self._intel_seen)
+                    self._intel_seen = wake.value
+                return
+            if wake is not None:
+                self._intel_seen = wake.value
+            orig_wait(self, timeout_ms)
+
+        wait.__wrapped__ = orig_wait
+        self._replace(cls, "__init__", __init__)
+        self._replace(cls, "notify", notify)
+        self._replace(cls, "record_read", record_read)
         self._replace(cls, "wait", wait)
+        return (
+            f"readers wait for the writer's wake-up (futex, at most {WAKE_TIMEOUT_S * 1e3:.0f} ms) "
+            f"or, without one, sleep {pause * 1e6:.0f} us between checks ({ENV})"
+        )
 
 
 PATCH = ShmBusySleep()

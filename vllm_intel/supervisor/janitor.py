@@ -42,6 +42,7 @@ SHM_PATTERNS = (
     re.compile(r"^psm_[0-9a-f]+$"),
     re.compile(r"^sem\.mp-\w+$"),
     re.compile(r"^wnsm_\w+$"),
+    re.compile(r"^vllm_intel_wake_[0-9a-f]+$"),  # patch shm-busy-sleep's futex words
 )
 CLAIM_PREFIX, CLAIM_SUFFIX = "vllm-intel-run-", ".claim"
 LOCK_FILE = "supervisor.lock"

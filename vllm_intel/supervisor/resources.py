@@ -15,9 +15,9 @@ threads fit. They are not pinned: that affinity set is shared with other contain
 them all the same way (as `auto` does) piles them onto the same cores. Its shared-memory queue
 readers spin on sched_yield between messages, which on CPUs beyond the quota burns the quota
 itself, and without a spare CPU starves the API server: under a quota, or with fewer than two
-CPUs beside the OpenMP threads (on more than one CPU), they sleep 100 us per check instead
-(VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the shm-busy-sleep patch). And its KV cache is either a fixed `VLLM_CPU_KVCACHE_SPACE` or a
-fraction of host memory; neither looks at memory.max.
+CPUs beside the OpenMP threads (on more than one CPU), they block until the writer wakes them
+instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the shm-busy-sleep patch). And its KV cache is either a
+fixed `VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
 """
 
 from __future__ import annotations
@@ -238,9 +238,9 @@ PLANNED = (
 # `auto` binding gives the OpenMP threads one CPU per physical core but one per worker, and the
 # engine core (whose reader spins while the worker computes) and the API server share what is
 # left; with one CPU left, new connections waited 5-23 s and streams got their first bytes at
-# the end on 2 cores (bench/stall.py). A short sleep per check instead. Not on a single CPU:
-# there sched_yield hands the one CPU straight to the process with work, and the sleep only
-# delays the reader (a one-CPU cpuset served 1400 / 1500 tokens/s instead of 2070, bench limits).
+# the end on 2 cores (bench/stall.py). The patch makes the readers block on the writer's wake-up
+# instead. Not on a single CPU: there sched_yield hands the one CPU straight to the process with
+# work (a 100 us sleep there cost a one-CPU cpuset 1400 / 1500 tokens/s of 2070, bench limits).
 SPIN = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
 SPIN_SLEEP_S = "0.0001"
 SPARE_CPUS = 2  # the API server's and the engine core's, beside the OpenMP threads

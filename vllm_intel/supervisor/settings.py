@@ -164,7 +164,8 @@ SETTINGS = (
         "INTEL_VLLM_CPU_PLAN",
         "`1`",
         "CPU image: `1` = OpenMP threads from the CPU quota (`OMP_NUM_THREADS`, not pinned) and "
-        "vLLM's shared-memory queue readers sleeping instead of spinning under that quota or "
+        "vLLM's shared-memory queue readers waiting for the writer's wake-up instead of spinning "
+        "under that quota or "
         "with fewer than 2 CPUs beside vLLM's OpenMP threads on more than one CPU "
         "(`VLLM_SHM_BROADCAST_BUSY_SLEEP_S`), "
         "`VLLM_CPU_KVCACHE_SPACE` from the memory limit "
