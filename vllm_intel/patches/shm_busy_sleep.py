@@ -33,14 +33,15 @@ the queue's notify address (``vllm_intel_wake_*``; the writer removes it when it
 supervisor's janitor if the process dies). Where the futex cannot be had (no /dev/shm file, not
 Linux on x86-64 or aarch64) the reader sleeps ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S`` between checks,
 which is what vllm PR #52848 does. Measured under ``--cpus 1`` on 2 CPUs (docs/bench.md, section
-limits): the 100 us sleep served 0.80 of a one-CPU cpuset's tokens/s, 0.82-0.84 even when put on
-that same one CPU (each check is a wake-up, ~18 us of CPU); the wake-up 1.04 at 8 streams.
+limits, 1 / 8 streams): the 100 us sleep served 0.81 / 0.79 of a one-CPU cpuset's tokens/s, and
+0.84 / 0.82 even on that same one CPU (each check is a wake-up, ~18 us of CPU); the futex wake-up
+0.86 / 0.95, and 0.99 / 0.97 on the one CPU: what is left is running on two CPUs.
 Tried and rejected: shortening the window (vllm PR #52814's ``VLLM_SHM_BROADCAST_BUSY_LOOP_S``):
 on 0.32.0 a reader parked on the zmq notification missed wake-ups and serving stalled (0-50
-tokens/s instead of 1000-1700); blocking on that zmq notification inside the window (1 or 10 ms):
-0.2-0.8 of the sleep's tokens/s, the notifications are conflated and dropped; longer sleeps (0.5,
-2 ms) or a first sleep scaled to the last wait: slower. Unset or 0: vLLM's ``sched_yield``,
-nothing patched.
+tokens/s instead of 1000-1700); blocking on that zmq notification inside the window (1 or 10 ms
+timeout): 0.22-0.80 of a one-CPU cpuset's tokens/s under ``--cpus 1`` against the sleep's 0.74-0.98
+in the same runs, readers sitting out their timeouts; longer sleeps (0.5, 2 ms) or a first sleep
+scaled to the last wait: slower. Unset or 0: vLLM's ``sched_yield``, nothing patched.
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source, module_
 ENV = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
 MODULE = "vllm.distributed.device_communicators.shm_broadcast"
 WAKE_PREFIX = "vllm_intel_wake_"
-# The reader re-checks at least this often with no wake-up: only a write whose wake-up came before
-# the reader's word was visible (not on x86-64's ordered stores) could wait this long.
+# A reader with no wake-up re-checks after this long. By the protocol none is missed; on a weakly
+# ordered CPU (aarch64, not x86-64) the word's new value may be seen before the queue's written
+# flag, and that reader waits this long once.
 WAKE_TIMEOUT_S = 0.005
 SYS_FUTEX = {"x86_64": 202, "aarch64": 98}
 FUTEX_WAIT, FUTEX_WAKE = 0, 1  # shared (not FUTEX_PRIVATE_FLAG): the word is in several processes
