@@ -145,7 +145,7 @@ class Arm(Container):
 @contextlib.contextmanager
 def alone(arm: Arm, arms: list[Arm]):
     """Every other arm paused (cgroup freezer) while `arm` is measured: an idle server still polls
-    (4-5 % of a CPU), and on this 2-CPU machine that lands on the measured arm's CPU."""
+    (2-5 % of a CPU), and on this 2-CPU machine that lands on the measured arm's CPU."""
     others = [a for a in arms if a is not arm]
     for a in others:
         docker("pause", a.name)
