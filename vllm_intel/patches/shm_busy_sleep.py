@@ -46,9 +46,14 @@ scaled to the last wait: slower. Unset or 0: vLLM's ``sched_yield``, nothing pat
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import logging
 import math
+import mmap
 import os
+import platform
+import weakref
 
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source, module_source
 
@@ -67,12 +72,6 @@ class Wake:
     """The futex word a queue's writer bumps after each write and its readers wait on."""
 
     def __init__(self, notify_address: str, owner: bool):
-        import ctypes
-        import hashlib
-        import mmap
-        import platform
-        import weakref
-
         self._syscall = ctypes.CDLL(None, use_errno=True).syscall
         self._syscall.restype = ctypes.c_long
         self._nr = SYS_FUTEX[platform.machine()]  # KeyError: no futex number known here
@@ -86,8 +85,7 @@ class Wake:
             os.close(fd)
         self._word = ctypes.c_uint32.from_buffer(self._map)
         self._addr = ctypes.c_void_p(ctypes.addressof(self._word))
-        self._timeout = _timespec(WAKE_TIMEOUT_S)
-        self._ctypes = ctypes
+        self._timeout = Timespec(int(WAKE_TIMEOUT_S), int(WAKE_TIMEOUT_S % 1 * 1e9))
         if owner:  # the writer: the file goes with its queue (or at exit)
             weakref.finalize(self, _unlink, self.path)
 
@@ -101,19 +99,12 @@ class Wake:
 
     def wait(self, seen: int) -> None:
         """Return when woken, at once if the word is no longer `seen`, or after the timeout."""
-        val = self._ctypes.c_uint32(seen)
-        self._syscall(
-            self._nr, self._addr, FUTEX_WAIT, val, self._ctypes.byref(self._timeout), None, 0
-        )
+        val = ctypes.c_uint32(seen)
+        self._syscall(self._nr, self._addr, FUTEX_WAIT, val, ctypes.byref(self._timeout), None, 0)
 
 
-def _timespec(seconds: float):
-    import ctypes
-
-    class Timespec(ctypes.Structure):
-        _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-    return Timespec(int(seconds), int(seconds % 1 * 1e9))
+class Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
 
 
 def _unlink(path: str) -> None:
