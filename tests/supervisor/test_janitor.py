@@ -184,7 +184,7 @@ def _watching(monkeypatch, shm):
     watcher = janitor.Watcher(claim, shm, os.getpid())
     scans: list[float] = []
     real_scan = watcher.scan
-    watcher.scan = lambda: (scans.append(time.monotonic()), real_scan())
+    watcher.scan = lambda *args: (scans.append(time.monotonic()), real_scan(*args))
     watcher.start()
     try:
         yield claim, scans

@@ -199,8 +199,12 @@ class Watcher(threading.Thread):
         self.claim, self.shm_dir, self.pid = claim, shm_dir, pid
         self.stopped = threading.Event()
 
-    def scan(self) -> None:
-        self.claim.add(entries_used_by(self.shm_dir, files_in_use(tree_of(self.pid))))
+    def scan(self, unclaimed=None) -> None:
+        """Claim the unclaimed vLLM entries the run's processes map (`unclaimed`: as just listed
+        by `unclaimed()`, so that the directory is not listed twice)."""
+        entries = self.unclaimed() if unclaimed is None else unclaimed
+        used = files_in_use(tree_of(self.pid))
+        self.claim.add({name for name, ino in entries if ino in used})
 
     def unclaimed(self) -> frozenset[tuple[str, tuple[int, int] | None]]:
         """The vLLM entries in the shm directory this run has not claimed, by name and inode."""
@@ -219,7 +223,7 @@ class Watcher(threading.Thread):
                     seen, scans_left = new, SCANS_AFTER_CHANGE
                 if new and scans_left > 0:
                     scans_left -= 1
-                    self.scan()
+                    self.scan(new)
             period = WATCH_FAST_S if waited < WATCH_FAST_FOR_S else WATCH_SLOW_S
             self.stopped.wait(period)
             waited += period
