@@ -139,8 +139,8 @@ def run(repeat: int, quick: bool) -> list[Row]:
                 og,
                 bg,
                 [],
-                "ours <= 2 s",
-                all(isinstance(g, float) and g <= 2 for g in og),
+                "ours <= 1 s",
+                all(isinstance(g, float) and g <= 1 for g in og),
                 note="last stream end (s after SIGTERM; a client gives up after 30 s without a byte): ours "
                 f"{[get(r, 'last_stream_s') for r in ours]}, alternative "
                 f"{[get(r, 'last_stream_s') for r in bare]}",

@@ -20,7 +20,7 @@ def test_serve_config_adds_the_drain_as_shutdown_timeout(tmp_path):
     )
     assert cfg.port == 9001 and cfg.drain == 7
     assert cfg.argv[-4:] == ["--port", "9001", "--shutdown-timeout", "7"]
-    assert cfg.argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    assert cfg.argv[1:5] == ["-m", "vllm_intel.process_exit", "vllm.entrypoints.cli.main", "serve"]
 
 
 def test_users_shutdown_timeout_is_the_drain(tmp_path):
@@ -153,6 +153,10 @@ def test_observer_summary_is_relative_to_the_drain():
     assert obs.summary() == (
         "; 6 in flight at SIGTERM, 5 finished, 1 aborted, 1 still running "
         "(as last seen in /metrics)"
+    )
+    obs.last_at = 100.0  # a sample can precede the drain's end: the line says by how much
+    assert obs.summary(exited_at=100.43).endswith(
+        "1 still running (as last seen in /metrics, 0.4 s before vLLM exited)"
     )
 
 

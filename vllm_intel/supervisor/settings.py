@@ -428,7 +428,9 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
         # line beats the config file and its last flag wins, so the appended flag is the one
         # vLLM uses; the user's own command-line copies go, not to leave two values around.
         flags = strip_flag(flags, "--shutdown-timeout") + ["--shutdown-timeout", str(drain)]
-    argv = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve"]
+    # vLLM's CLI, run by vllm_intel.process_exit: exits without interpreter finalization where
+    # the fast-exit patch enables it (see there), otherwise exactly as `-m vllm.entrypoints.cli.main`.
+    argv = [sys.executable, "-m", "vllm_intel.process_exit", "vllm.entrypoints.cli.main", "serve"]
     return ServeConfig(
         argv + ([model] if model else []) + flags,
         port,
