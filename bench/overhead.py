@@ -31,6 +31,15 @@ def own_part(pid: int) -> dict:
     }
 
 
+def warm_up() -> None:
+    """One start of each, not counted: the first start after an install or a build reads the
+    venv from disk (seen: 94 s against 28-35 s for the next ones), which only one variant pays."""
+    for kind in ("ours", "bare"):
+        s, t_ready = launch(kind, ["--enforce-eager"], name=f"overhead-{kind}-warm-up")
+        stop(s)
+        record(f"overhead {kind} warm-up (not counted)", {"ready_s": round(t_ready, 2)})
+
+
 def one(kind: str, label: str) -> dict:
     s, t_ready = launch(kind, ["--enforce-eager"], name=f"overhead-{kind}-{label}")
     try:
@@ -57,6 +66,8 @@ def run(repeat: int, quick: bool) -> list[Row]:
     # variant always starts right after the other's teardown.
     pairs = 1 if quick else max(6, 2 * repeat)
     ours, bare = [], []
+    if not quick:
+        warm_up()
     for k in range(pairs):
         for kind in ("ours", "bare")[:: 1 if k % 2 == 0 else -1]:
             (ours if kind == "ours" else bare).append(one(kind, str(k)))

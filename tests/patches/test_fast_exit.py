@@ -230,3 +230,27 @@ def test_the_api_server_runner_exits_as_python_m_would(
         assert cp.stderr.strip().endswith("a message"), cp.stderr[-2000:]
     if how == "raise":
         assert "ValueError: main boom" in cp.stderr, cp.stderr[-3000:]
+
+
+@pytest.mark.vllm
+def test_finalization_is_kept_where_spawn_builds_another_command_line(default_python):
+    """A multiprocessing whose get_command_line is not the standard library's (frozen, changed):
+    the finalization part stands aside, says so, and leaves it and process_exit alone."""
+    got = run_json(
+        default_python,
+        """
+        import json, multiprocessing.spawn
+        from vllm_intel import process_exit
+        from vllm_intel.patches.fast_exit import PATCH
+
+        def get_command_line(**kwds):
+            return ["python", "-c", "from elsewhere import main; main()"]
+
+        multiprocessing.spawn.get_command_line = get_command_line
+        state = PATCH.apply()
+        print(json.dumps(dict(state=state, reason=PATCH.reason, enabled=process_exit.ENABLED,
+                              untouched=multiprocessing.spawn.get_command_line is get_command_line)))
+        """,
+    )
+    assert got["state"] == "applied" and not got["enabled"] and got["untouched"], got
+    assert "finalization kept" in got["reason"], got
