@@ -90,14 +90,10 @@ def spawning_ours(get_command_line):
 
 
 def _spawn_builds_stdlib_program() -> bool:
-    import inspect
-
-    try:
-        src = inspect.getsource(multiprocessing.spawn.get_command_line)
-    except (OSError, TypeError):
-        return False
+    src = code_source("multiprocessing.spawn", "get_command_line")
     return (
-        process_exit.STDLIB_PROGRAM.rstrip("(") in src
+        src is not None
+        and process_exit.STDLIB_PROGRAM.rstrip("(") in src
         and callable(getattr(multiprocessing.spawn, "_main", None))
         and not getattr(sys, "frozen", False)
     )
