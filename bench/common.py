@@ -173,6 +173,18 @@ def tree_rss_kb(pid: int) -> int:
     return sum(rss_kb(p) for p in [pid] + descendants(pid))
 
 
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of pid and its live descendants, each with its reaped children."""
+    total = 0.0
+    for p in [pid] + descendants(pid):
+        try:
+            t = psutil.Process(p).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 # ---------------------------------------------------------------------------------- results
 
 

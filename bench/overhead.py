@@ -15,7 +15,7 @@ import time
 
 import psutil
 
-from .common import Row, launch, pair_ratios, record, rss_kb, stop, tree_rss_kb
+from .common import Row, launch, pair_ratios, record, rss_kb, stop, tree_cpu_s, tree_rss_kb
 
 SETTLE_S = 3  # after /health answers, before reading RSS: both variants alike
 
@@ -43,10 +43,12 @@ def warm_up() -> None:
 def one(kind: str, label: str) -> dict:
     s, t_ready = launch(kind, ["--enforce-eager"], name=f"overhead-{kind}-{label}")
     try:
+        cpu_s = tree_cpu_s(s.pid)  # right at ready: an idle server still polls
         time.sleep(SETTLE_S)
         out = {
             "kind": kind,
             "ready_s": round(t_ready, 2),
+            "cpu_to_ready_s": round(cpu_s, 2),
             **(own_part(s.pid) if kind == "ours" else {}),
             "tree_rss_mb": tree_rss_kb(s.pid) / 1024,
             "top_rss_mb": rss_kb(s.pid) / 1024,
@@ -85,6 +87,21 @@ def run(repeat: int, quick: bool) -> list[Row]:
             None if ro else False,  # judged by its interval (bench/__main__.py)
         )
     ]
+    o, b = [r["cpu_to_ready_s"] for r in ours], [r["cpu_to_ready_s"] for r in bare]
+    rc = pair_ratios(o, b)
+    rows.append(
+        Row(
+            "overhead",
+            "CPU time to ready: every process of the tree, user + system, at /health 200",
+            "s",
+            o,
+            b,
+            rc,
+            "ratio <= 1.03",
+            None if rc else False,  # judged by its interval (bench/__main__.py)
+            note="the work a start does, without the waits that make its wall time spread",
+        )
+    )
     part = [r["spawn_s"] + r["supervisor_cpu_s"] for r in ours]
     rows.append(
         Row(
