@@ -173,18 +173,6 @@ def tree_rss_kb(pid: int) -> int:
     return sum(rss_kb(p) for p in [pid] + descendants(pid))
 
 
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of pid and its live descendants, each with its reaped children."""
-    total = 0.0
-    for p in [pid] + descendants(pid):
-        try:
-            t = psutil.Process(p).cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
 # ---------------------------------------------------------------------------------- results
 
 
@@ -244,24 +232,50 @@ def pair_ratios(ours: list, alt: list) -> list[float]:
 
 
 def cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) used so far by pid and its descendants."""
+    """CPU seconds (user + system) used so far by pid and its live descendants, each with its
+    reaped children."""
+    return pids_cpu_s([pid] + descendants(pid))
+
+
+def pids_cpu_s(pids: list[int]) -> float:
     total = 0.0
-    for p in [pid] + descendants(pid):
+    for p in pids:
         try:
-            times = psutil.Process(p).cpu_times()
-            total += times.user + times.system
+            t = psutil.Process(p).cpu_times()
         except psutil.Error:
-            pass
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
     return total
 
 
-def curl_streams(s: Server, streams: int, tokens: int) -> dict:
+def engine_pids(s: Server) -> list[int]:
+    """vLLM's engine core and workers: the API server's descendants but multiprocessing's
+    resource tracker (for ours, the API server is the supervisor's child)."""
+    top = psutil.Process(s.pid)
+    api = top.children()[0] if s.kind == "ours" else top
+    out = []
+    for p in api.children(recursive=True):
+        try:
+            if not any("resource_tracker" in arg for arg in p.cmdline()):
+                out.append(p.pid)
+        except psutil.Error:
+            pass
+    return out
+
+
+def curl_streams(s: Server, streams: int, tokens: int, more=None) -> dict:
     """`curl_batch` against a local server; CPU of its process tree."""
-    return curl_batch(s.url, s.model, s.tmp, streams, tokens, lambda: cpu_s(s.pid))
+    return curl_batch(s.url, s.model, s.tmp, streams, tokens, lambda: cpu_s(s.pid), more)
 
 
 def curl_batch(
-    url: str, model: str, tmp, streams: int, tokens: int, cpu_seconds: Callable[[], float]
+    url: str,
+    model: str,
+    tmp,
+    streams: int,
+    tokens: int,
+    cpu_seconds: Callable[[], float],
+    more: dict[str, Callable[[], float]] | None = None,
 ) -> dict:
     """`streams` streaming completions of `tokens` tokens each, started together, one `curl`
     process per stream (clients outside the bench's own interpreter, as a user's are: Python
@@ -269,7 +283,8 @@ def curl_batch(
 
     Returns ok (every stream HTTP 200, `[DONE]`, `tokens` completion tokens by its usage chunk),
     the slowest stream's first byte (curl's clock), tokens/s of the batch and CPU ms per generated
-    token (`cpu_seconds()`: the server's CPU so far)."""
+    token (`cpu_seconds()`: the server's CPU so far), and `cpu_ms_NAME` per token for each of
+    `more` (NAME -> another CPU seconds so far)."""
     body = json.dumps(
         {
             "model": model,
@@ -282,6 +297,8 @@ def curl_batch(
         }
     )
     outs = [tempfile.NamedTemporaryFile(prefix="bench-stream-", dir=tmp) for _ in range(streams)]
+    more = more or {}
+    m0 = {name: f() for name, f in more.items()}
     c0, t = cpu_seconds(), time.monotonic()
     procs = [
         subprocess.Popen(
@@ -296,6 +313,7 @@ def curl_batch(
     rows = [p.communicate()[0].split() for p in procs]
     wall = time.monotonic() - t
     cpu = cpu_seconds() - c0
+    m1 = {name: f() for name, f in more.items()}
     done = []
     for out in outs:
         text = pathlib.Path(out.name).read_text(errors="replace")
@@ -310,4 +328,10 @@ def curl_batch(
         "worst_first_byte_s": round(max(first), 3) if ok else None,
         "tok_s": round(streams * tokens / wall, 1) if ok else None,
         "cpu_ms": round(cpu * 1000 / (streams * tokens), 4) if ok else None,
+        **{
+            f"cpu_ms_{name}": round((m1[name] - m0[name]) * 1000 / (streams * tokens), 4)
+            if ok
+            else None
+            for name in more
+        },
     }

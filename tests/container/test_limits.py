@@ -1,10 +1,13 @@
 """The CPU image in the container it is given: plain `docker run` (Docker's 64 MiB /dev/shm) fails
 in one line within seconds; with the README's flags plus a CPU quota and a memory limit it logs
 its plan (threads from the quota, not pinned; KV cache from the limit; shm queue readers woken by
-their writer) and serves."""
+their writer) and serves; with INTEL_VLLM_CPU_PLAN=pin every vLLM process runs on the one CPU the
+plan names."""
 
 from __future__ import annotations
 
+import json
+import re
 import time
 import uuid
 
@@ -87,6 +90,36 @@ def test_under_a_cpuset_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
         assert "VLLM_SHM_BROADCAST_BUSY_SLEEP_S" not in plan, plan
         # 5 GiB - 10 % - 2 GiB runtime - 400 MiB shm -> 2 GiB
         assert "VLLM_CPU_KVCACHE_SPACE=2" in plan, plan
+        r = requests.post(
+            c.url + "/v1/completions",
+            json={"model": "/opt/vllm-intel/models/tiny-llama", "prompt": "a", "max_tokens": 8},
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+
+
+@pytest.mark.slow
+def test_pin_under_a_quota_confines_every_vllm_process_and_serves(cpu_image):
+    """INTEL_VLLM_CPU_PLAN=pin under `--cpus 1` of 2+ CPUs: the plan names one CPU, and the API
+    server, the engine core and the worker all run on it (the supervisor stays unpinned)."""
+    name = f"vllm-intel-pin-{uuid.uuid4().hex[:8]}"
+    args = ["--shm-size", "1g", "--cpus", "1", "--memory", "4g", "-e", "INTEL_VLLM_CPU_PLAN=pin"]
+    with Container(name, cpu_image(), args, ["serve", "--enforce-eager"]) as c:
+        c.wait_ready(300)
+        plan = next(line for line in c.logs().splitlines() if "] plan: " in line)
+        pinned = re.search(r"all vLLM processes pinned to CPU (\d+) ", plan)
+        assert pinned and "OMP_NUM_THREADS=1" in plan, plan
+        probe = (  # the API server (the supervisor's child) and all it started
+            "import json, psutil\n"
+            "api = psutil.Process(1).children()[0]\n"
+            "tree = [api] + api.children(recursive=True)\n"
+            "print(json.dumps([[p.name(), sorted(p.cpu_affinity())] for p in tree]))\n"
+            "print(json.dumps(sorted(api.parent().cpu_affinity())))"
+        )
+        out = docker("exec", c.name, "/opt/venv/bin/python", "-c", probe).stdout.splitlines()
+        tree, supervisor = json.loads(out[0]), json.loads(out[1])
+        assert len(tree) >= 3 and all(cpus == [int(pinned[1])] for _, cpus in tree), tree
+        assert len(supervisor) > 1, supervisor
         r = requests.post(
             c.url + "/v1/completions",
             json={"model": "/opt/vllm-intel/models/tiny-llama", "prompt": "a", "max_tokens": 8},

@@ -4,9 +4,11 @@ the user's values winning, and the one-line errors."""
 
 from __future__ import annotations
 
+import os
 import pathlib
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -53,8 +55,8 @@ def limits(tmp_path, cg, cpus=range(4), nodes=None, self_cgroup="", smt=0):
     return r.read_limits(cg, sys_root, affinity=set(cpus), self_cgroup=self_cgroup)
 
 
-def plan(lim, flags=(), env=None, model=None):
-    return r.plan(list(flags), model, lim, "cpu", env or {})
+def plan(lim, flags=(), env=None, model=None, idle=None):
+    return r.plan(list(flags), model, lim, "cpu", env or {}, idle or r.cpu_idle)
 
 
 # ---------------------------------------------------------------------------- reading limits
@@ -223,6 +225,69 @@ def test_plan_off_sets_nothing(tmp_path):
     assert p.env == {} and "plan: off" in p.line()
     with pytest.raises(ConfigError, match="INTEL_VLLM_CPU_PLAN"):
         plan(limits(tmp_path, v2(tmp_path)), env={"INTEL_VLLM_CPU_PLAN": "yes"})
+
+
+PIN = {"INTEL_VLLM_CPU_PLAN": "pin"}
+
+
+@pytest.mark.parametrize(
+    "quota, idle, pinned, threads",
+    [
+        ("100000 100000", {0: 5, 1: 50, 2: 50, 3: 10}, [2], "1"),  # tie: the higher number
+        ("150000 100000", {0: 90, 1: 10, 2: 20, 3: 80}, [0, 3], "1"),  # ceil 2 CPUs, floor 1 thread
+        ("50000 100000", {0: 0, 1: 0, 2: 0, 3: 0}, [3], "1"),  # half a CPU: one CPU, one thread
+        ("300000 100000", {0: 1, 1: 9, 2: 9, 3: 9}, [1, 2, 3], "3"),
+    ],
+)
+def test_pin_confines_vllm_to_the_idlest_ceil_quota_cpus(tmp_path, quota, idle, pinned, threads):
+    asked = []
+    p = plan(
+        limits(tmp_path, v2(tmp_path, quota)),
+        env=PIN,
+        idle=lambda cpus: asked.append(sorted(cpus)) or idle,
+    )
+    assert asked == [[0, 1, 2, 3]]  # chosen among the allowed CPUs
+    assert p.pin == pinned
+    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and p.env["OMP_NUM_THREADS"] == threads
+    assert p.env["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] == "0.0001"
+    assert f"pinned to CPU {r.format_cpu_list(pinned)}" in p.line(), p.line()
+
+
+def test_pin_without_a_quota_below_the_cpus_pins_nothing(tmp_path):
+    def idle(cpus):
+        raise AssertionError("no quota: nothing to choose")
+
+    p = plan(limits(tmp_path, v2(tmp_path, "max 100000")), env=PIN, idle=idle)
+    assert p.pin is None and "nothing to pin" in p.line(), p.line()
+    assert plan(limits(tmp_path, v2(tmp_path, "100000 100000"))).pin is None  # `1`: never
+
+
+@pytest.mark.parametrize("yours", ["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"])
+def test_pin_with_the_users_threads_is_one_line_error(tmp_path, yours):
+    with pytest.raises(ConfigError, match=f"INTEL_VLLM_CPU_PLAN=pin .* unset {yours} or set"):
+        plan(limits(tmp_path, v2(tmp_path, "100000 100000")), env={**PIN, yours: "1"})
+
+
+def test_cpu_idle_counts_idle_and_iowait_ticks_over_the_sample(tmp_path):
+    stat = tmp_path / "stat"
+
+    def write(idle0, idle1):
+        stat.write_text(
+            "cpu  1 2 3 4 5 6 7 8 9 10\n"
+            f"cpu0 10 0 10 {idle0} 5 0 0 0 0 0\n"
+            f"cpu1 10 0 10 {idle1} 7 0 0 0 0 0\n"
+            "intr 1 2 3\n"
+        )
+
+    write(100, 100)
+    later = threading.Timer(0.05, write, (130, 190))
+    later.start()
+    try:
+        assert r.cpu_idle({0, 1}, sample_s=0.3, stat=stat) == {0: 30, 1: 90}
+    finally:
+        later.cancel()
+    got = r.cpu_idle(set(range(os.cpu_count() or 1)), sample_s=0.05)  # this machine's
+    assert set(got) == set(range(os.cpu_count() or 1)) and min(got.values()) >= 0
 
 
 # ---------------------------------------------------------------------------- KV cache / memory

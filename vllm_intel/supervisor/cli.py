@@ -52,7 +52,7 @@ def serve(args: list[str]) -> int:
                 probes.serve_http(probe_port, cfg.url, lambda: sup.state)
             except OSError as e:
                 raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
-        failed = sup.spawn(child_env(run.path, plan.env))
+        failed = sup.spawn(child_env(run.path, plan.env), plan.pin)
         if failed is not None:
             return failed
         run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim

@@ -7,6 +7,7 @@ The loop does no HTTP (the observer thread does) and no file I/O but the state f
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import pathlib
@@ -51,8 +52,10 @@ def prctl(option: int, arg: int) -> None:
     ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
 
 
-def _child_setup() -> None:  # runs in the child between fork and exec
+def _child_setup(cpus: list[int] | None = None) -> None:  # runs in the child between fork and exec
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    if cpus:  # the plan's pin: every process vLLM starts inherits it
+        os.sched_setaffinity(0, cpus)
     # If the supervisor itself is SIGKILLed (outside a container nothing else would stop vLLM),
     # the API server follows; its engine and workers watch their parent.
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -108,12 +111,15 @@ class Supervisor:
         log(f"state {state.value}: {why}")
 
     # -- spawn ----------------------------------------------------------------------------
-    def spawn(self, env: dict[str, str]) -> int | None:
+    def spawn(self, env: dict[str, str], cpus: list[int] | None = None) -> int | None:
         try:
             self.child = subprocess.Popen(
-                self.argv, env=env, start_new_session=True, preexec_fn=_child_setup
+                self.argv,
+                env=env,
+                start_new_session=True,
+                preexec_fn=functools.partial(_child_setup, cpus),
             )
-        except OSError as e:
+        except (OSError, subprocess.SubprocessError) as e:  # the latter: preexec_fn failed
             log(f"cannot execute {self.argv[0]}: {e}")
             return Exit.CANNOT_EXEC
         self.set_state(
