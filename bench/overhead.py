@@ -15,7 +15,7 @@ import time
 
 import psutil
 
-from .common import Row, launch, pair_ratios, record, rss_kb, stop, tree_cpu_s, tree_rss_kb
+from .common import Row, cpu_s, launch, pair_ratios, record, rss_kb, stop, tree_rss_kb
 
 SETTLE_S = 3  # after /health answers, before reading RSS: both variants alike
 
@@ -43,12 +43,12 @@ def warm_up() -> None:
 def one(kind: str, label: str) -> dict:
     s, t_ready = launch(kind, ["--enforce-eager"], name=f"overhead-{kind}-{label}")
     try:
-        cpu_s = tree_cpu_s(s.pid)  # right at ready: an idle server still polls
+        cpu = cpu_s(s.pid)  # right at ready: an idle server still polls
         time.sleep(SETTLE_S)
         out = {
             "kind": kind,
             "ready_s": round(t_ready, 2),
-            "cpu_to_ready_s": round(cpu_s, 2),
+            "cpu_to_ready_s": round(cpu, 2),
             **(own_part(s.pid) if kind == "ours" else {}),
             "tree_rss_mb": tree_rss_kb(s.pid) / 1024,
             "top_rss_mb": rss_kb(s.pid) / 1024,
