@@ -43,6 +43,26 @@ def test_other_signals_are_forwarded_to_vllm(run, sig):
     assert code == 0
 
 
+@pytest.mark.parametrize("stopped_s", [0.1, 1.0])
+def test_a_stopped_and_continued_supervisor_carries_on(run, stopped_s):
+    """SIGSTOP + SIGCONT of the supervisor (`kill -STOP`, a debugger attaching; a benchmark that
+    paused idle servers found it): its wait for signals is interrupted, and when the stop outlasts
+    the wait's time-out Python's signal.sigtimedwait returned a siginfo it never filled in, a
+    random signal number, which killed the supervisor with EINVAL from os.kill."""
+    r = run()
+    r.wait_for(lambda: r.state() == "SERVING")
+    for _ in range(3):
+        r.signal(signal.SIGSTOP)
+        time.sleep(stopped_s)
+        r.signal(signal.SIGCONT)
+        time.sleep(0.2)
+    assert r.proc.poll() is None and r.state() == "SERVING"
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0 and "Traceback" not in out, out
+    assert out.count("got SIGTERM") == 1 and "got SIGCONT" in out, out
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 @pytest.mark.parametrize(
     "on_term,expected", [("exit:0", 0), ("exit:3", 3), ("die:SIGSEGV", 128 + 11)]

@@ -48,8 +48,42 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
+LIBC = ctypes.CDLL(None, use_errno=True)
+
+
 def prctl(option: int, arg: int) -> None:
-    ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+    LIBC.prctl(option, arg, 0, 0, 0)
+
+
+class _Timespec(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
+
+
+_SigSet = ctypes.c_byte * 128  # glibc's sigset_t: 1024 bits
+
+
+def sigset(signals) -> _SigSet:
+    s = _SigSet()
+    LIBC.sigemptyset(ctypes.byref(s))
+    for sig in signals:
+        LIBC.sigaddset(ctypes.byref(s), int(sig))
+    return s
+
+
+def wait_signal(signals: _SigSet, timeout: float) -> int | None:
+    """sigtimedwait(2): the blocked signal taken from `signals`, None on time-out or interruption.
+
+    Not signal.sigtimedwait: when its time-out runs out after an EINTR, which a SIGSTOP + SIGCONT
+    of the supervisor causes (`kill -STOP`, a debugger attaching), CPython returns the siginfo it
+    never filled in (seen with 3.11; Modules/signalmodule.c, signal_sigtimedwait_impl: `break` out
+    of the EINTR loop, then fill_siginfo(&si)): a random signal number, forwarded or acted on
+    (tests/supervisor/test_signals.py). The syscall's own return value is the signal."""
+    ts = _Timespec(int(timeout), int((timeout % 1) * 1e9))
+    got = LIBC.sigtimedwait(ctypes.byref(signals), None, ctypes.byref(ts))
+    return got if got > 0 else None
+
+
+_WATCHED_SET = sigset(WATCHED)
 
 
 def _child_setup(cpus: list[int] | None = None) -> None:  # runs in the child between fork and exec
@@ -133,9 +167,9 @@ class Supervisor:
     # -- the loop: wait -> forward -> reap -> deadline ------------------------------------
     def run(self) -> int:
         while self.returncode is None:
-            info = signal.sigtimedwait(WATCHED, TICK_S)  # wait
-            if info is not None:
-                self.on_signal(info.si_signo)  # forward
+            sig = wait_signal(_WATCHED_SET, TICK_S)  # wait
+            if sig is not None:
+                self.on_signal(sig)  # forward
             self.reap()
             self.check_deadline()
             self.check_ready()

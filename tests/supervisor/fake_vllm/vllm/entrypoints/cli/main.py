@@ -66,6 +66,7 @@ for s in (
     signal.SIGUSR2,
     signal.SIGQUIT,
     signal.SIGWINCH,
+    signal.SIGCONT,
     signal.SIGALRM,
     signal.SIGPWR,
     signal.SIGRTMIN,
