@@ -337,7 +337,9 @@ class Plan:
 
 
 def cpu_idle(cpus, sample_s: float = 0.2, stat: pathlib.Path = PROC_STAT) -> dict[int, int]:
-    """Idle + iowait ticks of each CPU in `cpus` over `sample_s` (/proc/stat, the host's CPUs)."""
+    """Idle + iowait ticks of each CPU in `cpus` over `sample_s` (/proc/stat, the host's CPUs).
+    Not psutil.cpu_times(percpu=True): its list has no CPU numbers, and with a CPU offline its
+    positions are not the numbers that affinity masks use."""
 
     def ticks() -> dict[int, int]:
         out = {}
