@@ -73,65 +73,48 @@ def run(repeat: int, quick: bool) -> list[Row]:
     for k in range(pairs):
         for kind in ("ours", "bare")[:: 1 if k % 2 == 0 else -1]:
             (ours if kind == "ours" else bare).append(one(kind, str(k)))
-    o, b = [r["ready_s"] for r in ours], [r["ready_s"] for r in bare]
-    ro = pair_ratios(o, b)
-    rows = [
-        Row(
+
+    def paired(key: str, figure: str, unit: str, **extra) -> Row:
+        """ours vs bare for one recorded figure, judged by the interval of its paired ratios."""
+        o, b = [r[key] for r in ours], [r[key] for r in bare]
+        ratios = pair_ratios(o, b)
+        # no ratios (a failed start): not met; else judged by its interval (bench/__main__.py)
+        return Row(
             "overhead",
-            "time to ready (/health 200)",
-            "s",
+            figure,
+            unit,
             o,
             b,
-            ro,
+            ratios,
             "ratio <= 1.03",
-            None if ro else False,  # judged by its interval (bench/__main__.py)
+            None if ratios else False,
+            **extra,
         )
-    ]
-    oc, bc = [r["cpu_to_ready_s"] for r in ours], [r["cpu_to_ready_s"] for r in bare]
-    rc = pair_ratios(oc, bc)
-    rows.append(
-        Row(
-            "overhead",
+
+    bare_ready = [r["ready_s"] for r in bare]
+    part = [r["spawn_s"] + r["supervisor_cpu_s"] for r in ours]
+    rows = [
+        paired("ready_s", "time to ready (/health 200)", "s"),
+        paired(
+            "cpu_to_ready_s",
             "CPU time to ready: every process of the tree, user + system, at /health 200",
             "s",
-            oc,
-            bc,
-            rc,
-            "ratio <= 1.03",
-            None if rc else False,  # judged by its interval (bench/__main__.py)
             note="the work a start does, without the waits that make its wall time spread",
-        )
-    )
-    part = [r["spawn_s"] + r["supervisor_cpu_s"] for r in ours]
-    rows.append(
+        ),
         Row(
             "overhead",
             "time to ready, the supervisor's own part (start -> vLLM started, + its CPU until ready)",
             "s",
             part,
-            b,
-            [1 + p / x for p, x in zip(part, b)],
+            bare_ready,
+            [1 + p / x for p, x in zip(part, bare_ready)],
             "ratio <= 1.03",
             None,  # judged by its interval (bench/__main__.py)
             note="ratio: 1 + part / the paired bare time to ready; start -> vLLM started "
             f"{[r['spawn_s'] for r in ours]} s, supervisor CPU {[r['supervisor_cpu_s'] for r in ours]} s",
-        )
-    )
-    o, b = [r["tree_rss_mb"] for r in ours], [r["tree_rss_mb"] for r in bare]
-    rr = pair_ratios(o, b)
-    rows.append(
-        Row(
-            "overhead",
-            "RSS of the process tree (sum of VmRSS)",
-            "MB",
-            o,
-            b,
-            rr,
-            "ratio <= 1.03",
-            None if rr else False,  # judged by its interval (bench/__main__.py)
-            fmt="{:.0f}",
-        )
-    )
+        ),
+        paired("tree_rss_mb", "RSS of the process tree (sum of VmRSS)", "MB", fmt="{:.0f}"),
+    ]
     sup = [r["top_rss_mb"] for r in ours]
     rows.append(
         Row(
