@@ -2,19 +2,22 @@
 in one line within seconds; with the README's flags plus a CPU quota and a memory limit it logs
 its plan (threads from the quota, not pinned; KV cache from the limit; shm queue readers woken by
 their writer) and serves; with INTEL_VLLM_CPU_PLAN=pin every vLLM process runs on the one CPU the
-plan names."""
+plan names, and moves off it when someone else's work is pinned there."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 
 import pytest
 import requests
 
-from tests.harness import Container, docker
+from tests.harness import Container, docker, poll
 from vllm_intel.supervisor.settings import Exit
 
 pytestmark = [pytest.mark.docker]
@@ -101,7 +104,8 @@ def test_under_a_cpuset_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
 @pytest.mark.slow
 def test_pin_under_a_quota_confines_every_vllm_process_and_serves(cpu_image):
     """INTEL_VLLM_CPU_PLAN=pin under `--cpus 1` of 2+ CPUs: the plan names one CPU, and the API
-    server, the engine core and the worker all run on it (the supervisor stays unpinned)."""
+    server, the engine core and the worker all run on it (the supervisor stays unpinned); a busy
+    loop pinned to that CPU from outside makes the supervisor move them all to another one."""
     name = f"vllm-intel-pin-{uuid.uuid4().hex[:8]}"
     args = ["--shm-size", "1g", "--cpus", "1", "--memory", "4g", "-e", "INTEL_VLLM_CPU_PLAN=pin"]
     with Container(name, cpu_image(), args, ["serve", "--enforce-eager"]) as c:
@@ -126,3 +130,19 @@ def test_pin_under_a_quota_confines_every_vllm_process_and_serves(cpu_image):
             timeout=60,
         )
         assert r.status_code == 200, r.text
+        # Someone else's work pinned to that CPU (here: a busy loop on the host): the pin moves.
+        busy = int(pinned[1])
+        loop = subprocess.Popen(
+            [sys.executable, "-c", "while True: pass"],
+            preexec_fn=lambda: os.sched_setaffinity(0, [busy]),
+        )
+        try:
+            poll(lambda: "] pin: CPU" in c.logs(), timeout=60, what="the pin's move")
+        finally:
+            loop.kill()
+            loop.wait()
+        moved = next(line for line in c.logs().splitlines() if "] pin: CPU" in line)
+        print(moved)
+        out = docker("exec", c.name, "/opt/venv/bin/python", "-c", probe).stdout.splitlines()
+        tree = json.loads(out[0])
+        assert all(busy not in cpus and len(cpus) == 1 for _, cpus in tree), (moved, tree)

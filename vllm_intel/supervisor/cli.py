@@ -36,7 +36,7 @@ def serve(args: list[str]) -> int:
     probe_port = settings.probe_port()
     plan = make_plan(cfg)  # may raise ConfigError: memory limit too small
     # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
-    from . import hub, janitor, probes
+    from . import hub, janitor, pinning, probes
     from .loop import Supervisor
 
     tmp = pathlib.Path(tempfile.gettempdir())
@@ -60,11 +60,19 @@ def serve(args: list[str]) -> int:
         progress = hub.watch_download(
             cfg.model, cfg.flags or [], lambda: sup.state == settings.State.STARTING
         )
+        # The pin moves off CPUs that others load later (two replicas that chose alike).
+        follower = (
+            pinning.Follower(sup.child.pid, plan.pin, sorted(plan.limits.cpus)).start()
+            if plan.pin
+            else None
+        )
         try:
             return sup.run()
         finally:
             if progress:
                 progress.stop()
+            if follower:
+                follower.stop()
 
 
 def make_plan(cfg: settings.ServeConfig) -> resources.Plan:

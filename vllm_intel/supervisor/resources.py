@@ -23,7 +23,8 @@ Under a quota the processes still run on every allowed CPU, and each token's rou
 -> engine core -> worker and back) wakes a process on another CPU: 7-12 % more CPU per token than
 the same processes on one CPU (bench limits). Confining them to ceil(quota) CPUs removes that, and
 is right only where nobody else is confined to the same CPUs, which a container cannot know: an
-opt-in (`INTEL_VLLM_CPU_PLAN=pin`), choosing the CPUs that were idle longest at start.
+opt-in (`INTEL_VLLM_CPU_PLAN=pin`), choosing the CPUs that were idle longest at start, and moving
+off them when other work loads them later (pinning.py).
 """
 
 from __future__ import annotations
@@ -336,23 +337,26 @@ class Plan:
         )
 
 
-def cpu_idle(cpus, sample_s: float = 0.2, stat: pathlib.Path = PROC_STAT) -> dict[int, int]:
-    """Idle + iowait ticks of each CPU in `cpus` over `sample_s` (/proc/stat, the host's CPUs).
+def cpu_ticks(cpus, stat: pathlib.Path = PROC_STAT) -> dict[int, tuple[int, int]]:
+    """(idle + iowait, total) ticks so far of each CPU in `cpus` (/proc/stat, the host's CPUs).
     Not psutil.cpu_times(percpu=True): its list has no CPU numbers, and with a CPU offline its
     positions are not the numbers that affinity masks use."""
+    out = {}
+    for line in (_read(stat) or "").splitlines():
+        name, *fields = line.split() or [""]
+        if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in cpus:
+            # user nice system idle iowait irq softirq steal (guest time is inside user)
+            ticks = [int(f) for f in fields[:8]]
+            out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return out
 
-    def ticks() -> dict[int, int]:
-        out = {}
-        for line in (_read(stat) or "").splitlines():
-            name, *fields = line.split() or [""]
-            if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in cpus:
-                out[int(name[3:])] = int(fields[3]) + int(fields[4])
-        return out
 
-    before = ticks()
+def cpu_idle(cpus, sample_s: float = 0.2, stat: pathlib.Path = PROC_STAT) -> dict[int, int]:
+    """Idle + iowait ticks of each CPU in `cpus` over `sample_s`."""
+    before = cpu_ticks(cpus, stat)
     time.sleep(sample_s)
-    after = ticks()
-    return {cpu: after[cpu] - before.get(cpu, 0) for cpu in after}
+    after = cpu_ticks(cpus, stat)
+    return {cpu: after[cpu][0] - before.get(cpu, (0, 0))[0] for cpu in after}
 
 
 def least_busy(cpus, n: int, idle: dict[int, int]) -> list[int]:

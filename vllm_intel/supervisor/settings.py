@@ -170,8 +170,8 @@ SETTINGS = (
         "(`VLLM_SHM_BROADCAST_BUSY_SLEEP_S`), "
         "`VLLM_CPU_KVCACHE_SPACE` from the memory limit "
         "(see `entrypoint.py plan`); `pin` = as `1`, and under a CPU quota every vLLM process "
-        "confined to ceil(quota) CPUs, the idlest at start (faster; only where no other "
-        "container is pinned to them, see docs/deploy.md); `0` = leave vLLM's own defaults. "
+        "confined to ceil(quota) CPUs, the idlest at start, moved to others when other work "
+        "loads them (faster; see docs/deploy.md); `0` = leave vLLM's own defaults. "
         "Your own "
         "`VLLM_CPU_OMP_THREADS_BIND` / `OMP_NUM_THREADS` / `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` / "
         "`VLLM_CPU_KVCACHE_SPACE` always win.",

@@ -1,0 +1,119 @@
+"""The pin follows free CPUs (supervisor/pinning.py): the choice, the load others put on each CPU
+from two samples, and real processes: a vLLM-like tree pinned to a CPU that a foreign busy loop
+also uses moves, every thread of it, to the free CPU. (That it stays where others' load is
+within the margin, or no better elsewhere, is test_choose: on a real host that depends on the
+host's other tenants.)"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from vllm_intel.supervisor import pinning
+from vllm_intel.supervisor.pinning import choose
+
+
+@pytest.mark.parametrize(
+    "pinned,allowed,others,want",
+    [
+        ([0], [0, 1], {0: 0.9, 1: 0.1}, [1]),  # a neighbour on our CPU, the other free
+        ([0], [0, 1], {0: 0.3, 1: 0.1}, None),  # within the margin: stay
+        ([0], [0, 1], {0: 0.9, 1: 0.8}, None),  # everything busy: nowhere better
+        ([1], [0, 1], {0: 0.0, 1: 0.0}, None),  # a tie keeps our CPU
+        ([0, 1], [0, 1, 2, 3], {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.1}, [1, 2]),  # keep 1, leave 0
+        ([2, 3], [0, 1, 2, 3], {0: 0.0, 1: 0.0, 2: 0.2, 3: 0.2}, None),  # 0.2 < margin
+        ([5], [4, 5, 6], {4: 0.0, 5: 1.0, 6: 0.0}, [6]),  # a tie elsewhere: the higher number
+    ],
+)
+def test_choose(pinned, allowed, others, want):
+    assert choose(pinned, allowed, others) == want
+
+
+def test_others_take_vllms_own_use_off_the_pinned_cpus():
+    f = pinning.Follower(1, [0], [0, 1])
+    hz = pinning.TICKS_PER_S
+    # 1 s: CPU 0 fully busy, of which vLLM used 0.6 s; CPU 1 a quarter busy
+    before = ({0: (0, 0), 1: (0, 0)}, 10.0)
+    after = ({0: (0, hz), 1: (hz * 3 // 4, hz)}, 10.6)
+    got = f.others(before, after)
+    assert got[0] == pytest.approx(0.4, abs=0.02) and got[1] == pytest.approx(0.25, abs=0.02)
+    assert f.others(before, ({0: (0, hz), 1: (0, hz)}, 12.0))[0] == 0.0  # never below 0
+
+
+TREE = """
+import os, subprocess, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a second thread
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def affinities(pid: int) -> set[frozenset[int]]:
+    import psutil
+
+    out = set()
+    for p in [psutil.Process(pid)] + psutil.Process(pid).children(recursive=True):
+        for tid in os.listdir(f"/proc/{p.pid}/task"):
+            out.add(frozenset(os.sched_getaffinity(int(tid))))
+    return out
+
+
+@pytest.fixture
+def two_cpus():
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs to move between")
+    return cpus[:2]
+
+
+@pytest.fixture
+def procs():
+    """Processes to SIGKILL at the end (Popen objects, or pids of their children)."""
+    started: list[subprocess.Popen | int] = []
+    yield started
+    for p in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p if isinstance(p, int) else p.pid, signal.SIGKILL)
+        if not isinstance(p, int):
+            p.wait()
+
+
+def start_tree(procs, cpu: int) -> subprocess.Popen:
+    tree = subprocess.Popen(
+        [sys.executable, "-c", TREE],
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, [cpu]),
+    )
+    procs.append(tree)
+    procs.append(int(tree.stdout.readline()))  # its child
+    return tree
+
+
+def test_a_tree_on_a_busy_cpu_moves_to_the_free_one(two_cpus, procs, capsys):
+    busy, free = two_cpus
+    tree = start_tree(procs, busy)
+    assert affinities(tree.pid) == {frozenset([busy])}
+    loop = subprocess.Popen(  # someone else's work pinned to the same CPU
+        [sys.executable, "-c", "while True: pass"],
+        preexec_fn=lambda: os.sched_setaffinity(0, [busy]),
+    )
+    procs.append(loop)
+    follower = pinning.Follower(tree.pid, [busy], two_cpus, check_s=0.3).start()
+    try:
+        end = time.monotonic() + 8
+        while time.monotonic() < end and affinities(tree.pid) == {frozenset([busy])}:
+            time.sleep(0.1)
+    finally:
+        follower.stop()
+    err = capsys.readouterr().err
+    assert affinities(tree.pid) == {frozenset([free])}, err  # every thread of every process
+    assert os.sched_getaffinity(loop.pid) == {busy}  # the neighbour is not ours to move
+    assert f"pin: CPU {busy} carried" in err and f"CPU {free} " in err, err

@@ -1,0 +1,143 @@
+"""The pin follows free CPUs: with INTEL_VLLM_CPU_PLAN=pin every vLLM process is confined to
+ceil(quota) CPUs, the idlest at start (resources.plan). Later others may load those CPUs: two
+replicas started together saw the same idle CPUs and pinned to them, or a neighbour pinned its own
+work there. The kernel moves unpinned work away from a busy CPU, never pinned work, so a pin chosen
+once would stay on a shared CPU for good.
+
+So a thread of the supervisor looks every CHECK_S (jittered: replicas must not look, and move, in
+step): the load others put on the pinned CPUs (the CPUs' busy time from /proc/stat minus what
+vLLM's processes used) against the least loaded other allowed CPUs. When ours carry more by over
+MARGIN_CPU, in two looks in a row, every thread of every vLLM process moves there (one log line).
+Threads started later inherit the new set from the thread that starts them.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+
+import psutil
+
+from . import resources
+from .settings import log
+
+CHECK_S = 10.0
+MARGIN_CPU = 0.25  # CPUs of other work: less is the noise of a host's services and of us
+LOOKS = 2  # in a row: a burst on our CPU is not a reason to move
+TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def choose(pinned: list[int], allowed: list[int], others: dict[int, float]) -> list[int] | None:
+    """The CPUs to move to, or None to stay. `others`: each allowed CPU's load from processes that
+    are not vLLM's, in CPUs (0..1). Ties keep the CPUs we are on, then the higher numbers."""
+    n = len(pinned)
+    best = sorted(sorted(allowed, key=lambda c: (others.get(c, 0.0), c not in pinned, -c))[:n])
+    here = sum(others.get(c, 0.0) for c in pinned) / n
+    there = sum(others.get(c, 0.0) for c in best) / n
+    return best if best != sorted(pinned) and here - there > MARGIN_CPU else None
+
+
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) used so far by `root` and its live descendants, each with the
+    children it has reaped (vLLM runs short-lived helpers: their CPU must not vanish when they
+    exit, or it would count as others' load)."""
+    total = 0.0
+    try:
+        procs = [psutil.Process(root)]
+        procs += procs[0].children(recursive=True)
+    except psutil.Error:
+        return total
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+        except psutil.Error:
+            pass
+    return total
+
+
+def move(root: int, cpus: list[int]) -> int:
+    """Every thread of `root` and its descendants confined to `cpus`; how many were moved."""
+    moved = 0
+    try:
+        pids = [root] + [p.pid for p in psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return moved
+    for pid in pids:
+        try:
+            tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in tids:
+            try:
+                os.sched_setaffinity(tid, cpus)
+                moved += 1
+            except OSError:  # gone meanwhile
+                pass
+    return moved
+
+
+class Follower:
+    """The thread that keeps vLLM's pin on CPUs free of other work (see the module doc)."""
+
+    def __init__(self, root: int, pinned: list[int], allowed: list[int], check_s: float = CHECK_S):
+        self.root, self.pinned, self.allowed = root, sorted(pinned), sorted(allowed)
+        self.check_s = check_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pin-follower", daemon=True)
+
+    def start(self) -> Follower:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def sample(self) -> tuple[dict[int, tuple[int, int]], float]:
+        return resources.cpu_ticks(set(self.allowed)), tree_cpu_s(self.root)
+
+    def others(self, before, after) -> dict[int, float]:
+        """Each allowed CPU's load from other processes between two samples, in CPUs."""
+        (t0, ours0), (t1, ours1) = before, after
+        load = {}
+        for cpu in self.allowed:
+            if cpu not in t0 or cpu not in t1:
+                continue
+            total = t1[cpu][1] - t0[cpu][1]
+            busy = total - (t1[cpu][0] - t0[cpu][0])
+            load[cpu] = busy / total if total > 0 else 0.0
+        if not load:
+            return load
+        # vLLM ran only on the pinned CPUs: its share comes off them, evenly
+        span = sum(t1[c][1] - t0[c][1] for c in load) / len(load) / TICKS_PER_S
+        ours = max(ours1 - ours0, 0.0) / span / len(self.pinned) if span > 0 else 0.0
+        for cpu in self.pinned:
+            if cpu in load:
+                load[cpu] = max(load[cpu] - ours, 0.0)
+        return load
+
+    def _run(self) -> None:
+        looks, target = 0, None  # looks in a row that found the same better CPUs
+        last = self.sample()
+        while not self._stop.wait(self.check_s * random.uniform(0.75, 1.25)):
+            now = self.sample()
+            others = self.others(last, now)
+            last = now
+            found = choose(self.pinned, self.allowed, others)
+            looks = 0 if found is None else looks + 1 if found == target else 1
+            target = found
+            if looks < LOOKS:
+                continue
+            threads = move(self.root, target)
+            if threads == 0:
+                return  # vLLM is gone
+            log(
+                f"pin: CPU {resources.format_cpu_list(self.pinned)} carried "
+                f"{max(others[c] for c in self.pinned if c in others):.2f} CPU of other work, "
+                f"CPU {resources.format_cpu_list(target)} "
+                f"{max(others.get(c, 0.0) for c in target):.2f}: moved vLLM's {threads} threads there"
+            )
+            self.pinned, looks = target, 0
+            last = self.sample()  # the next look measures the new place only
