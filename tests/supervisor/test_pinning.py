@@ -35,6 +35,12 @@ def test_choose(pinned, allowed, others, want):
     assert choose(pinned, allowed, others) == want
 
 
+def test_choose_takes_one_cpu_per_core_first():
+    cores = {0: "a", 1: "a", 2: "b", 3: "b"}
+    # 0 and 1 are free but siblings: one of them and the other core's freer CPU
+    assert choose([2, 3], [0, 1, 2, 3], {0: 0.0, 1: 0.0, 2: 0.9, 3: 0.5}, cores) == [1, 3]
+
+
 def test_others_take_vllms_own_use_off_the_pinned_cpus():
     f = pinning.Follower(1, [0], [0, 1])
     hz = pinning.TICKS_PER_S

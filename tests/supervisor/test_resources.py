@@ -121,12 +121,18 @@ def test_no_cgroup_at_all(tmp_path):
         ("300000 100000", "3"),  # 3 CPUs of 4
     ],
 )
-def test_quota_below_the_affinity_set_sets_floor_quota_threads_unpinned(tmp_path, quota, threads):
-    p = plan(limits(tmp_path, v2(tmp_path, quota)))
-    # Not pinned: other containers may share these CPUs, and all pinning alike would collide.
+@pytest.mark.parametrize("mode", ["", "pin", "1"])
+def test_quota_below_the_affinity_set_sets_floor_quota_threads(tmp_path, quota, threads, mode):
+    env = {"INTEL_VLLM_CPU_PLAN": mode} if mode else {}
+    p = plan(limits(tmp_path, v2(tmp_path, quota)), env=env, idle=lambda cpus: {})
+    # Not vLLM's binding: other containers may share these CPUs, and all binding alike collide.
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert p.env["OMP_NUM_THREADS"] == threads
-    assert f"OMP_NUM_THREADS={threads}" in p.line() and "not pinned" in p.line()
+    assert f"OMP_NUM_THREADS={threads}" in p.line()
+    if mode == "1":  # the plan without the pin
+        assert p.pin is None and "not pinned" in p.line(), p.line()
+    else:  # the default, and `pin` said explicitly
+        assert p.pin and "all vLLM processes pinned to CPU" in p.line(), p.line()
 
 
 @pytest.mark.parametrize("quota", ["400000 100000", "800000 100000", "max 100000"])
@@ -259,7 +265,33 @@ def test_pin_without_a_quota_below_the_cpus_pins_nothing(tmp_path):
 
     p = plan(limits(tmp_path, v2(tmp_path, "max 100000")), env=PIN, idle=idle)
     assert p.pin is None and "nothing to pin" in p.line(), p.line()
-    assert plan(limits(tmp_path, v2(tmp_path, "100000 100000"))).pin is None  # `1`: never
+    one = {"INTEL_VLLM_CPU_PLAN": "1"}
+    assert plan(limits(tmp_path, v2(tmp_path, "100000 100000")), env=one).pin is None  # never
+    # by default, nothing to pin is not worth a word
+    assert "nothing to pin" not in plan(limits(tmp_path, v2(tmp_path, "max 100000"))).line()
+
+
+@pytest.mark.parametrize("yours", ["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"])
+def test_the_default_pin_leaves_the_users_threads_alone(tmp_path, yours):
+    def idle(cpus):
+        raise AssertionError("your threads: nothing to choose")
+
+    p = plan(limits(tmp_path, v2(tmp_path, "100000 100000")), env={yours: "1"}, idle=idle)
+    assert p.pin is None and p.threads == "yours" and yours not in p.env, p.line()
+
+
+@pytest.mark.parametrize(
+    "idle, pinned",
+    [
+        ({0: 90, 1: 80, 2: 10, 3: 10}, [0, 3]),  # 0 and 1 idlest but siblings: 0, then core 1
+        ({0: 10, 1: 10, 2: 80, 3: 90}, [1, 3]),  # 3 (core 1), then core 0's best (a tie: 1)
+        ({0: 50, 1: 50, 2: 50, 3: 50}, [1, 3]),  # a tie: the higher numbers, one per core
+    ],
+)
+def test_pin_takes_one_cpu_per_core_before_siblings(tmp_path, idle, pinned):
+    lim = limits(tmp_path, v2(tmp_path, "200000 100000"), smt=2)  # cores {0,1} {2,3}
+    p = plan(lim, idle=lambda cpus: idle)
+    assert p.pin == sorted(pinned), p.line()
 
 
 @pytest.mark.parametrize("yours", ["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"])

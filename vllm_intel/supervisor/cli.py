@@ -62,7 +62,9 @@ def serve(args: list[str]) -> int:
         )
         # The pin moves off CPUs that others load later (two replicas that chose alike).
         follower = (
-            pinning.Follower(sup.child.pid, plan.pin, sorted(plan.limits.cpus)).start()
+            pinning.Follower(
+                sup.child.pid, plan.pin, sorted(plan.limits.cpus), plan.limits.core_of
+            ).start()
             if plan.pin
             else None
         )

@@ -1,5 +1,5 @@
-"""The pin follows free CPUs: with INTEL_VLLM_CPU_PLAN=pin every vLLM process is confined to
-ceil(quota) CPUs, the idlest at start (resources.plan). Later others may load those CPUs: two
+"""The pin follows free CPUs: under a CPU quota the plan (INTEL_VLLM_CPU_PLAN=pin, the default)
+confines every vLLM process to ceil(quota) CPUs, the idlest at start (resources.plan). Later others may load those CPUs: two
 replicas started together saw the same idle CPUs and pinned to them, or a neighbour pinned its own
 work there. The kernel moves unpinned work away from a busy CPU, never pinned work, so a pin chosen
 once would stay on a shared CPU for good.
@@ -28,11 +28,15 @@ LOOKS = 2  # in a row: a burst on our CPU is not a reason to move
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
-def choose(pinned: list[int], allowed: list[int], others: dict[int, float]) -> list[int] | None:
+def choose(
+    pinned: list[int], allowed: list[int], others: dict[int, float], core_of: dict | None = None
+) -> list[int] | None:
     """The CPUs to move to, or None to stay. `others`: each allowed CPU's load from processes that
-    are not vLLM's, in CPUs (0..1). Ties keep the CPUs we are on, then the higher numbers."""
+    are not vLLM's, in CPUs (0..1). One CPU per physical core first (as the plan chose); ties
+    keep the CPUs we are on, then the higher numbers."""
     n = len(pinned)
-    best = sorted(sorted(allowed, key=lambda c: (others.get(c, 0.0), c not in pinned, -c))[:n])
+    ranked = sorted(allowed, key=lambda c: (others.get(c, 0.0), c not in pinned, -c))
+    best = resources.one_per_core(ranked, n, core_of)
     here = sum(others.get(c, 0.0) for c in pinned) / n
     there = sum(others.get(c, 0.0) for c in best) / n
     return best if best != sorted(pinned) and here - there > MARGIN_CPU else None
@@ -81,8 +85,16 @@ def move(root: int, cpus: list[int]) -> int:
 class Follower:
     """The thread that keeps vLLM's pin on CPUs free of other work (see the module doc)."""
 
-    def __init__(self, root: int, pinned: list[int], allowed: list[int], check_s: float = CHECK_S):
+    def __init__(
+        self,
+        root: int,
+        pinned: list[int],
+        allowed: list[int],
+        core_of: dict | None = None,
+        check_s: float = CHECK_S,
+    ):
         self.root, self.pinned, self.allowed = root, sorted(pinned), sorted(allowed)
+        self.core_of = core_of or {}
         self.check_s = check_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pin-follower", daemon=True)
@@ -121,11 +133,15 @@ class Follower:
     def _run(self) -> None:
         looks, target = 0, None  # looks in a row that found the same better CPUs
         last = self.sample()
+        moved = False
         while not self._stop.wait(self.check_s * random.uniform(0.75, 1.25)):
+            if moved:  # a thread started while the last move listed them kept the old CPUs
+                move(self.root, self.pinned)
+                moved = False
             now = self.sample()
             others = self.others(last, now)
             last = now
-            found = choose(self.pinned, self.allowed, others)
+            found = choose(self.pinned, self.allowed, others, self.core_of)
             looks = 0 if found is None else looks + 1 if found == target else 1
             target = found
             if looks < LOOKS:
@@ -139,5 +155,5 @@ class Follower:
                 f"CPU {resources.format_cpu_list(target)} "
                 f"{max(others.get(c, 0.0) for c in target):.2f}: moved vLLM's {threads} threads there"
             )
-            self.pinned, looks = target, 0
+            self.pinned, looks, moved = target, 0, True
             last = self.sample()  # the next look measures the new place only

@@ -19,12 +19,14 @@ CPUs beside the OpenMP threads (on more than one CPU), they block until the writ
 instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the shm-busy-sleep patch). And its KV cache is either a
 fixed `VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
 
-Under a quota the processes still run on every allowed CPU, and each token's round trip (API server
--> engine core -> worker and back) wakes a process on another CPU: 7-12 % more CPU per token than
-the same processes on one CPU (bench limits). Confining them to ceil(quota) CPUs removes that, and
-is right only where nobody else is confined to the same CPUs, which a container cannot know: an
-opt-in (`INTEL_VLLM_CPU_PLAN=pin`), choosing the CPUs that were idle longest at start, and moving
-off them when other work loads them later (pinning.py).
+Under a quota the processes would still run on every allowed CPU, and each token's round trip
+(API server -> engine core -> worker and back) wakes a process on another CPU: 7-15 % more CPU per
+token than the same processes on one CPU, and CFS throttling in 85-94 % of periods instead of 0-9 %
+(bench limits). So under a quota the plan confines every vLLM process to ceil(quota) CPUs
+(`INTEL_VLLM_CPU_PLAN=pin`, the default; `1` = the same plan unpinned): the idlest at start, one per
+physical core first. That is right only where nobody else is confined to the same CPUs, which a
+container cannot know at start (replicas starting together see the same idle CPUs): the supervisor
+moves the pin off CPUs that others load later (pinning.py).
 """
 
 from __future__ import annotations
@@ -115,7 +117,7 @@ class Limits:
     """What this process may use. quota: CPUs (cpu.max / cfs_quota) or None; memory: bytes or
     None; cpus: the affinity mask within the cpuset; nodes: NUMA node -> its allowed CPUs;
     cores: how many physical cores those CPUs are (SMT siblings once; a CPU without topology
-    files counts as a core)."""
+    files counts as a core); core_of: each CPU's core (package, core id)."""
 
     cgroup: str  # "v2", "v1" or "none"
     cpus: tuple[int, ...]
@@ -123,6 +125,7 @@ class Limits:
     memory: int | None
     cores: int
     nodes: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    core_of: dict[int, object] = field(default_factory=dict)
 
     def describe(self) -> str:
         quota = "no CPU quota" if self.quota is None else f"quota {self.quota:g} CPUs"
@@ -226,12 +229,13 @@ def read_limits(
             mine = tuple(c for c in parse_cpu_list(listed) if c in cpus)
             if mine:
                 nodes[int(node_dir.name[4:])] = mine
-    cores = set()
+    core_of = {}
     for cpu in cpus:
         topo = sys_root / "cpu" / f"cpu{cpu}" / "topology"
         core = _read(topo / "core_id")
-        cores.add((_read(topo / "physical_package_id"), core) if core is not None else cpu)
-    return Limits(kind, tuple(sorted(cpus)), quota, memory, len(cores), nodes)
+        core_of[cpu] = (_read(topo / "physical_package_id"), core) if core is not None else cpu
+    cores = len(set(core_of.values()))
+    return Limits(kind, tuple(sorted(cpus)), quota, memory, cores, nodes, core_of)
 
 
 # ------------------------------------------------------------------------------------- plan
@@ -359,10 +363,23 @@ def cpu_idle(cpus, sample_s: float = 0.2, stat: pathlib.Path = PROC_STAT) -> dic
     return {cpu: after[cpu][0] - before.get(cpu, (0, 0))[0] for cpu in after}
 
 
-def least_busy(cpus, n: int, idle: dict[int, int]) -> list[int]:
-    """The n CPUs of `cpus` idle longest; on a tie the higher numbers (vLLM's `auto` binding and
-    many host services start at CPU 0)."""
-    return sorted(sorted(cpus, key=lambda c: (idle.get(c, 0), c), reverse=True)[:n])
+def one_per_core(ranked, n: int, core_of: dict | None = None) -> list[int]:
+    """The first n of `ranked` (best first), taking one CPU of each physical core before any SMT
+    sibling: two siblings share one core's execution units."""
+    core_of = core_of or {}
+    firsts, siblings, seen = [], [], set()
+    for cpu in ranked:
+        core = core_of.get(cpu, cpu)
+        (siblings if core in seen else firsts).append(cpu)
+        seen.add(core)
+    return sorted((firsts + siblings)[:n])
+
+
+def least_busy(cpus, n: int, idle: dict[int, int], core_of: dict | None = None) -> list[int]:
+    """The n CPUs of `cpus` idle longest, one per core first; on a tie the higher numbers (vLLM's
+    `auto` binding and many host services start at CPU 0)."""
+    ranked = sorted(cpus, key=lambda c: (idle.get(c, 0), c), reverse=True)
+    return one_per_core(ranked, n, core_of)
 
 
 def plan(
@@ -375,11 +392,12 @@ def plan(
 ) -> Plan:
     """The plan for `vllm serve [MODEL] FLAGS` in `limits`. Raises ConfigError when the
     container cannot hold what vLLM needs (memory). `idle(cpus)`: each CPU's idle time, asked
-    only for INTEL_VLLM_CPU_PLAN=pin."""
+    only when the plan pins (INTEL_VLLM_CPU_PLAN=pin, the default, under a CPU quota)."""
     tp, pp = parallel(flags)  # resolved once: it may read a --config file
     workers = tp * pp
     shm_needed = sum(size for _, size in _segments(flags, tp, pp, env))
-    mode = env.get("INTEL_VLLM_CPU_PLAN", "1")
+    explicit = bool(env.get("INTEL_VLLM_CPU_PLAN"))
+    mode = env.get("INTEL_VLLM_CPU_PLAN") or "pin"
     if mode not in PLAN_MODES:
         raise ConfigError(
             f"INTEL_VLLM_CPU_PLAN must be one of {', '.join(PLAN_MODES)}, not {mode!r}"
@@ -403,7 +421,7 @@ def plan(
     under_quota = quota is not None and quota < len(allowed)
     spare = None  # CPUs beside vLLM's auto OpenMP threads (None: the threads are not vLLM's auto)
     if "VLLM_CPU_OMP_THREADS_BIND" in yours or "OMP_NUM_THREADS" in yours:
-        if mode == "pin":
+        if mode == "pin" and explicit:
             raise ConfigError(
                 "INTEL_VLLM_CPU_PLAN=pin chooses the CPUs and the OpenMP threads: unset "
                 f"{' and '.join(k for k in ('VLLM_CPU_OMP_THREADS_BIND', 'OMP_NUM_THREADS') if k in yours)}"
@@ -415,14 +433,16 @@ def plan(
         spare = len(allowed) - omp
         p.threads = (
             f"vLLM auto over the {len(allowed)} allowed CPUs (no quota below them), "
-            f"{spare} beside its OpenMP threads" + ("; nothing to pin" if mode == "pin" else "")
+            f"{spare} beside its OpenMP threads"
+            + ("; nothing to pin" if mode == "pin" and explicit else "")
         )
     elif enabled:
         # floor: threads that need more CPU than the quota grants get throttled in turn; at
-        # least one per worker, which is what vLLM needs to start at all. Not pinned: a quota
-        # below the allowed CPUs means CPUs shared with other containers, and every container
-        # pinning its threads the same way (vLLM's `auto` does: the first cores of the node)
-        # would pile them all onto the same CPUs while the others idle.
+        # least one per worker, which is what vLLM needs to start at all. Not vLLM's binding: a
+        # quota below the allowed CPUs means CPUs shared with other containers, and every
+        # container binding its threads the same way (vLLM's `auto` does: the first cores of the
+        # node) would pile them all onto the same CPUs while the others idle. The pin instead
+        # takes the idlest CPUs and moves off them when others load them (pinning.py).
         count = max(workers, math.floor(quota))
         if count > len(allowed):
             raise ConfigError(
@@ -435,8 +455,11 @@ def plan(
         where = "not pinned"
         if mode == "pin":
             # every process, not only the OpenMP threads: the round trip is what crosses CPUs
-            p.pin = least_busy(allowed, max(count, math.ceil(quota)), idle(allowed))
-            where = f"all vLLM processes pinned to CPU {format_cpu_list(p.pin)} (idlest at start)"
+            p.pin = least_busy(allowed, max(count, math.ceil(quota)), idle(allowed), limits.core_of)
+            where = (
+                f"all vLLM processes pinned to CPU {format_cpu_list(p.pin)} (idlest at start, "
+                "moved when others load them)"
+            )
         p.threads = (
             f"{per} OpenMP thread(s) per worker x {workers} worker(s), {where} "
             f"(quota {quota:g} CPUs of {len(allowed)} allowed)"
