@@ -28,6 +28,7 @@ from tests.harness import (
     shm_segments,
 )
 from vllm_intel.supervisor import settings
+from vllm_intel.supervisor.pinning import pids_cpu_s
 
 MODEL = ROOT / "build" / "tiny-llama"
 RESULTS = ROOT / "bench" / "results"
@@ -235,17 +236,6 @@ def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by pid and its live descendants, each with its
     reaped children."""
     return pids_cpu_s([pid] + descendants(pid))
-
-
-def pids_cpu_s(pids: list[int]) -> float:
-    total = 0.0
-    for p in pids:
-        try:
-            t = psutil.Process(p).cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
 
 
 def engine_pids(s: Server) -> list[int]:

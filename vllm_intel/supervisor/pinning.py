@@ -1,14 +1,14 @@
 """The pin follows free CPUs: under a CPU quota the plan (INTEL_VLLM_CPU_PLAN=pin, the default)
-confines every vLLM process to ceil(quota) CPUs, the idlest at start (resources.plan). Later others may load those CPUs: two
-replicas started together saw the same idle CPUs and pinned to them, or a neighbour pinned its own
-work there. The kernel moves unpinned work away from a busy CPU, never pinned work, so a pin chosen
-once would stay on a shared CPU for good.
+confines every vLLM process to ceil(quota) CPUs, the idlest at start (resources.plan). Later
+others may load those CPUs: two replicas started together saw the same idle CPUs and pinned to
+them, or a neighbour pinned its own work there. The kernel moves unpinned work away from a busy
+CPU, never pinned work, so a pin chosen once would stay on a shared CPU for good.
 
 So a thread of the supervisor looks every CHECK_S (jittered: replicas must not look, and move, in
 step): the load others put on the pinned CPUs (the CPUs' busy time from /proc/stat minus what
 vLLM's processes used) against the least loaded other allowed CPUs. When ours carry more by over
-MARGIN_CPU, in two looks in a row, every thread of every vLLM process moves there (one log line).
-Threads started later inherit the new set from the thread that starts them.
+MARGIN_CPU, in LOOKS looks in a row naming the same CPUs, every thread of every vLLM process moves
+there (one log line). Threads started later inherit the new set from the thread that starts them.
 """
 
 from __future__ import annotations
@@ -42,23 +42,26 @@ def choose(
     return best if best != sorted(pinned) and here - there > MARGIN_CPU else None
 
 
-def tree_cpu_s(root: int) -> float:
-    """CPU seconds (user + system) used so far by `root` and its live descendants, each with the
-    children it has reaped (vLLM runs short-lived helpers: their CPU must not vanish when they
-    exit, or it would count as others' load)."""
+def pids_cpu_s(pids) -> float:
+    """CPU seconds (user + system) used so far by these processes, each with the children it has
+    reaped (vLLM runs short-lived helpers: their CPU must not vanish when they exit, or it would
+    count as others' load). Gone processes count nothing."""
     total = 0.0
-    try:
-        procs = [psutil.Process(root)]
-        procs += procs[0].children(recursive=True)
-    except psutil.Error:
-        return total
-    for p in procs:
+    for pid in pids:
         try:
-            t = p.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
+            t = psutil.Process(pid).cpu_times()
         except psutil.Error:
-            pass
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
     return total
+
+
+def tree_cpu_s(root: int) -> float:
+    """pids_cpu_s of `root` and its descendants."""
+    try:
+        return pids_cpu_s([root] + [p.pid for p in psutil.Process(root).children(recursive=True)])
+    except psutil.Error:
+        return 0.0
 
 
 def move(root: int, cpus: list[int]) -> int:
