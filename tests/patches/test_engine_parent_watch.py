@@ -40,7 +40,9 @@ time.sleep(60)
 def lines_of(path, timeout: float, want: int) -> list[list[str]]:
     end = time.monotonic() + timeout
     while True:
-        lines = [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
+        text = path.read_text() if path.exists() else ""
+        # whole lines only: a read can meet a line the child is still writing
+        lines = [ln.split() for ln in text[: text.rfind("\n") + 1].splitlines()]
         if len(lines) >= want or time.monotonic() > end:
             return lines
         time.sleep(0.02)
