@@ -28,7 +28,6 @@ requests at once instead of draining them for ``--shutdown-timeout`` seconds.
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import select
 import signal
@@ -112,10 +111,6 @@ def on_parent_exit(ppid: int) -> None:
     os.kill(os.getpid(), signal.SIGTERM)  # vLLM's own handler: its whole shutdown path
 
 
-def in_engine_core() -> bool:
-    return multiprocessing.current_process().name.startswith("EngineCore")
-
-
 class EngineParentWatch(Patch):
     name = "engine-parent-watch"
 
@@ -129,7 +124,9 @@ class EngineParentWatch(Patch):
             return NOT_APPLICABLE, "no vLLM v1 engine core process (EngineCoreProc.run_engine_core)"
         if any(m in src for m in UPSTREAM_MARKERS):
             return UPSTREAM, "the engine core watches its parent itself (vllm PR #55846 / #34816)"
-        if not in_engine_core():
+        from . import process_kind  # the package's own answer (it names every process's log line)
+
+        if not process_kind().startswith("EngineCore"):
             return NOT_APPLICABLE, "watches from the engine core process only"
         if os.getppid() == 1:
             return NOT_APPLICABLE, "the engine core's parent is init: nothing to follow"
