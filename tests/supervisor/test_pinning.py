@@ -123,3 +123,24 @@ def test_a_tree_on_a_busy_cpu_moves_to_the_free_one(two_cpus, procs, capsys):
     assert affinities(tree.pid) == {frozenset([free])}, err  # every thread of every process
     assert os.sched_getaffinity(loop.pid) == {busy}  # the neighbour is not ours to move
     assert f"pin: CPU {busy} carried" in err and f"CPU {free} " in err, err
+
+
+def loaded(seconds: float, ours_busy: float, other_busy: float) -> tuple:
+    """A sample `seconds` after the zero sample: CPU 0 (ours) and CPU 1 busy by these shares."""
+    hz = pinning.TICKS_PER_S
+    total = int(seconds * hz)
+    return (
+        {0: (int(total * (1 - ours_busy)), total), 1: (int(total * (1 - other_busy)), total)},
+        0.0,
+    )
+
+
+@pytest.mark.parametrize("elapsed_s,moves", [(10.0, True), (60.0, False)])
+def test_looks_across_a_freeze_are_dropped(elapsed_s, moves):
+    """Someone else's work on our CPU in two looks in a row moves us; the same load seen across a
+    freeze (the look took 6 x its time: docker pause froze the supervisor with vLLM) does not."""
+    f = pinning.Follower(1, [0], [0, 1], check_s=10.0)
+    f._last = ({0: (0, 0), 1: (0, 0)}, 0.0)
+    got = [f.look(loaded(elapsed_s * k, 0.95, 0.05), elapsed_s) for k in (1, 2, 3)]
+    assert got == ([None, [1], [1]] if moves else [None, None, None])
+    assert f.seen.get(0, 0.0) == (pytest.approx(0.95, abs=0.02) if moves else 0.0)

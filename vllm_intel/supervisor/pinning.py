@@ -9,6 +9,9 @@ step): the load others put on the pinned CPUs (the CPUs' busy time from /proc/st
 vLLM's processes used) against the least loaded other allowed CPUs. When ours carry more by over
 MARGIN_CPU, in LOOKS looks in a row naming the same CPUs, every thread of every vLLM process moves
 there (one log line). Threads started later inherit the new set from the thread that starts them.
+A look that took over FROZEN_AFTER looks' time is dropped: the supervisor was frozen with vLLM
+(`docker pause`, a cgroup freeze, SIGSTOP), and what others ran meanwhile says nothing about the
+CPUs while vLLM runs.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 
 import psutil
 
@@ -25,6 +29,7 @@ from .settings import log
 CHECK_S = 10.0
 MARGIN_CPU = 0.25  # CPUs of other work: less is the noise of a host's services and of us
 LOOKS = 2  # in a row: a burst on our CPU is not a reason to move
+FROZEN_AFTER = 2.0  # x CHECK_S: the jittered wait is at most 1.25 x
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -99,6 +104,8 @@ class Follower:
         self.root, self.pinned, self.allowed = root, sorted(pinned), sorted(allowed)
         self.core_of = core_of or {}
         self.check_s = check_s
+        self._looks, self._target = 0, None  # looks in a row that found the same better CPUs
+        self._last, self.seen = None, {}  # the previous sample; the load the last look saw
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pin-follower", daemon=True)
 
@@ -133,30 +140,38 @@ class Follower:
                 load[cpu] = max(load[cpu] - ours, 0.0)
         return load
 
+    def look(self, now, elapsed_s: float) -> list[int] | None:
+        """One look: the CPUs to move to now (LOOKS looks in a row found them), else None."""
+        last, self._last = self._last, now
+        if elapsed_s > FROZEN_AFTER * self.check_s:
+            self._looks, self._target = 0, None
+            return None
+        self.seen = self.others(last, now)
+        found = choose(self.pinned, self.allowed, self.seen, self.core_of)
+        same = found is not None and found == self._target
+        self._looks, self._target = (self._looks + 1 if same else int(found is not None)), found
+        return found if self._looks >= LOOKS else None
+
     def _run(self) -> None:
-        looks, target = 0, None  # looks in a row that found the same better CPUs
-        last = self.sample()
+        self._last, at = self.sample(), time.monotonic()
         moved = False
         while not self._stop.wait(self.check_s * random.uniform(0.75, 1.25)):
             if moved:  # a thread started while the last move listed them kept the old CPUs
                 move(self.root, self.pinned)
                 moved = False
-            now = self.sample()
-            others = self.others(last, now)
-            last = now
-            found = choose(self.pinned, self.allowed, others, self.core_of)
-            looks = 0 if found is None else looks + 1 if found == target else 1
-            target = found
-            if looks < LOOKS:
+            before, at = at, time.monotonic()
+            target = self.look(self.sample(), at - before)
+            if target is None:
                 continue
             threads = move(self.root, target)
             if threads == 0:
                 return  # vLLM is gone
+            seen = self.seen
             log(
                 f"pin: CPU {resources.format_cpu_list(self.pinned)} carried "
-                f"{max(others[c] for c in self.pinned if c in others):.2f} CPU of other work, "
+                f"{max(seen[c] for c in self.pinned if c in seen):.2f} CPU of other work, "
                 f"CPU {resources.format_cpu_list(target)} "
-                f"{max(others.get(c, 0.0) for c in target):.2f}: moved vLLM's {threads} threads there"
+                f"{max(seen.get(c, 0.0) for c in target):.2f}: moved vLLM's {threads} threads there"
             )
-            self.pinned, looks, moved = target, 0, True
-            last = self.sample()  # the next look measures the new place only
+            self.pinned, self._looks, self._target, moved = target, 0, None, True
+            self._last, at = self.sample(), time.monotonic()  # the next look: the new place only
