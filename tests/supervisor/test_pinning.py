@@ -15,6 +15,7 @@ import time
 
 import pytest
 
+from tests.harness import ROOT
 from vllm_intel.supervisor import pinning
 from vllm_intel.supervisor.pinning import choose
 
@@ -135,12 +136,46 @@ def loaded(seconds: float, ours_busy: float, other_busy: float) -> tuple:
     )
 
 
-@pytest.mark.parametrize("elapsed_s,moves", [(10.0, True), (60.0, False)])
-def test_looks_across_a_freeze_are_dropped(elapsed_s, moves):
-    """Someone else's work on our CPU in two looks in a row moves us; the same load seen across a
-    freeze (the look took 6 x its time: docker pause froze the supervisor with vLLM) does not."""
+@pytest.mark.parametrize("late_s,moves", [(0.05, True), (5.0, False)])
+def test_looks_across_a_freeze_are_dropped(late_s, moves):
+    """Someone else's work on our CPU in two looks in a row moves us; the same load seen in looks
+    during which a wake-up came 5 s late (docker pause froze the supervisor with vLLM) does not."""
     f = pinning.Follower(1, [0], [0, 1], check_s=10.0)
     f._last = ({0: (0, 0), 1: (0, 0)}, 0.0)
-    got = [f.look(loaded(elapsed_s * k, 0.95, 0.05), elapsed_s) for k in (1, 2, 3)]
+    got = [f.look(loaded(10.0 * k, 0.95, 0.05), late_s) for k in (1, 2, 3)]
     assert got == ([None, [1], [1]] if moves else [None, None, None])
     assert f.seen.get(0, 0.0) == (pytest.approx(0.95, abs=0.02) if moves else 0.0)
+
+
+WAITER = """
+from vllm_intel.supervisor import pinning
+print("waiting", flush=True)
+print(pinning.Follower(1, [0], [0, 1]).wait(float(__import__("sys").argv[1])), flush=True)
+"""
+
+
+@pytest.mark.parametrize("stopped_s", [0.0, 2.5])
+def test_the_wait_sees_a_freeze_that_ends_before_it_does(stopped_s):
+    """A real process stopped (SIGSTOP) for 2.5 s in the middle of a 5 s wait: the wait ends on
+    time, and says a wake-up came that late; left alone, its wake-ups are on time."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", WAITER, "5"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},  # this checkout's package
+    )
+    try:
+        assert child.stdout.readline() == "waiting\n"
+        time.sleep(0.7)
+        if stopped_s:
+            child.send_signal(signal.SIGSTOP)
+            time.sleep(stopped_s)
+            child.send_signal(signal.SIGCONT)
+        late = float(child.stdout.readline())
+    finally:
+        child.kill()
+        child.wait()
+    if stopped_s:
+        assert stopped_s - pinning.WAKE_S - 0.3 < late < stopped_s + 0.5 and late > pinning.LATE_S
+    else:
+        assert late < 0.5

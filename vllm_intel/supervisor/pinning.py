@@ -9,9 +9,10 @@ step): the load others put on the pinned CPUs (the CPUs' busy time from /proc/st
 vLLM's processes used) against the least loaded other allowed CPUs. When ours carry more by over
 MARGIN_CPU, in LOOKS looks in a row naming the same CPUs, every thread of every vLLM process moves
 there (one log line). Threads started later inherit the new set from the thread that starts them.
-A look that took over FROZEN_AFTER looks' time is dropped: the supervisor was frozen with vLLM
-(`docker pause`, a cgroup freeze, SIGSTOP), and what others ran meanwhile says nothing about the
-CPUs while vLLM runs.
+The thread wakes every WAKE_S while it waits; a look in which a wake-up came over LATE_S late is
+dropped: the container was frozen (`docker pause`, a cgroup freeze, SIGSTOP), and what others ran
+meanwhile says nothing about the CPUs while vLLM runs. (The look's length alone does not show it:
+a freeze that ends before the look does leaves it on time.)
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from .settings import log
 CHECK_S = 10.0
 MARGIN_CPU = 0.25  # CPUs of other work: less is the noise of a host's services and of us
 LOOKS = 2  # in a row: a burst on our CPU is not a reason to move
-FROZEN_AFTER = 2.0  # x CHECK_S: the jittered wait is at most 1.25 x
+WAKE_S = 1.0
+LATE_S = 1.0  # a wake-up this late: frozen (a CFS quota stops a thread for under 0.1 s)
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 
 
@@ -140,10 +142,11 @@ class Follower:
                 load[cpu] = max(load[cpu] - ours, 0.0)
         return load
 
-    def look(self, now, elapsed_s: float) -> list[int] | None:
-        """One look: the CPUs to move to now (LOOKS looks in a row found them), else None."""
+    def look(self, now, late_s: float) -> list[int] | None:
+        """One look: the CPUs to move to now (LOOKS looks in a row found them), else None.
+        `late_s`: the latest wake-up since the last look (over LATE_S: we were frozen)."""
         last, self._last = self._last, now
-        if elapsed_s > FROZEN_AFTER * self.check_s:
+        if late_s > LATE_S:
             self._looks, self._target = 0, None
             return None
         self.seen = self.others(last, now)
@@ -152,15 +155,25 @@ class Follower:
         self._looks, self._target = (self._looks + 1 if same else int(found is not None)), found
         return found if self._looks >= LOOKS else None
 
+    def wait(self, seconds: float) -> float | None:
+        """Sleep `seconds`, waking every WAKE_S: how late the latest wake-up was (s), or None when
+        stopped."""
+        end, late = time.monotonic() + seconds, 0.0
+        while (left := end - time.monotonic()) > 0:
+            step, t = min(WAKE_S, left), time.monotonic()
+            if self._stop.wait(step):
+                return None
+            late = max(late, time.monotonic() - t - step)
+        return late
+
     def _run(self) -> None:
-        self._last, at = self.sample(), time.monotonic()
+        self._last = self.sample()
         moved = False
-        while not self._stop.wait(self.check_s * random.uniform(0.75, 1.25)):
+        while (late := self.wait(self.check_s * random.uniform(0.75, 1.25))) is not None:
             if moved:  # a thread started while the last move listed them kept the old CPUs
                 move(self.root, self.pinned)
                 moved = False
-            before, at = at, time.monotonic()
-            target = self.look(self.sample(), at - before)
+            target = self.look(self.sample(), late)
             if target is None:
                 continue
             threads = move(self.root, target)
@@ -174,4 +187,4 @@ class Follower:
                 f"{max(seen.get(c, 0.0) for c in target):.2f}: moved vLLM's {threads} threads there"
             )
             self.pinned, self._looks, self._target, moved = target, 0, None, True
-            self._last, at = self.sample(), time.monotonic()  # the next look: the new place only
+            self._last = self.sample()  # the next look measures the new place only
