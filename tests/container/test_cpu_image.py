@@ -8,6 +8,7 @@ and `down` leaving nothing behind. Each step needs the previous one, so a failur
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -100,6 +101,28 @@ def test_patch_table_for_release(stack):
         assert noops in ("applied", "needed"), table
     else:
         assert noops in ("upstream", "not-applicable"), table
+
+
+def test_the_plans_shm_choice_reaches_the_engine_and_worker(stack):
+    """The plan decides whether vLLM's shm queue readers wait for their writer (it sets
+    VLLM_SHM_BROADCAST_BUSY_SLEEP_S): on this stack, no quota, on a host with fewer than 2 CPUs
+    beside vLLM's OpenMP threads (2 cores: CI's machine) it does, elsewhere not; the engine core
+    and the worker, started by vLLM, must report the same."""
+    out = docker("logs", stack.container(), check=False)
+    logs = out.stdout + out.stderr
+    plan = next(line for line in logs.splitlines() if "] plan: " in line)
+    want = "applied" if "VLLM_SHM_BROADCAST_BUSY_SLEEP_S=0.0001" in plan else "not-applicable"
+    if (os.cpu_count() or 1) == 2:  # 1 OpenMP thread, 1 CPU beside it: the readers must wait
+        assert want == "applied", plan
+    for proc in ("EngineCore", "Worker"):
+        line = next(x for x in logs.splitlines() if f"{proc}): cpu-accelerator-api" in x)
+        assert f"shm-busy-sleep={want}" in line, line
+    # waiting by the futex wake-up, not the fallback sleep: one word per queue (the engine core's
+    # to the worker, the worker's back) in the container's /dev/shm
+    shm = docker("exec", stack.container(), "ls", "/dev/shm").stdout.split()
+    words = [f for f in shm if f.startswith("vllm_intel_wake_")]
+    assert len(words) == (2 if want == "applied" else 0), shm
+    assert "no futex wake-up" not in logs, logs[-3000:]
 
 
 def test_completion_returns_200(stack):

@@ -173,12 +173,12 @@ def test_under_a_quota_the_shm_readers_sleep_unless_the_user_says(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()
     quota = limits(a, v2(a, "100000 100000"))
-    assert plan(quota).env[spin] == "0.0001"
+    assert plan(quota, env={"INTEL_VLLM_CPU_PLAN": "1"}).env[spin] == "0.0001"  # unpinned
     # No quota, 4 CPUs on 2 SMT cores: vLLM's auto binding takes one CPU of one core, 3 spare.
     assert spin not in plan(limits(b, v2(b, "max 100000"), smt=2)).env
-    p = plan(quota, env={spin: "0.002"})
+    p = plan(quota, env={spin: "0.002", "INTEL_VLLM_CPU_PLAN": "1"})
     assert spin not in p.env and f"{spin}=0.002 (yours)" in p.line()
-    p = plan(quota, env={spin: "0"})  # vLLM's spin, asked for: kept, not re-planned
+    p = plan(quota, env={spin: "0", "INTEL_VLLM_CPU_PLAN": "1"})  # vLLM's spin, asked for: kept
     assert spin not in p.env and f"{spin}=0 (yours)" in p.line()
     assert spin not in plan(quota, env={"INTEL_VLLM_CPU_PLAN": "0"}).env
     with pytest.raises(ConfigError, match=f"{spin} must be seconds between 0 and 0.01, not 'x'"):
@@ -255,7 +255,12 @@ def test_pin_confines_vllm_to_the_idlest_ceil_quota_cpus(tmp_path, quota, idle, 
     assert asked == [[0, 1, 2, 3]]  # chosen among the allowed CPUs
     assert p.pin == pinned
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and p.env["OMP_NUM_THREADS"] == threads
-    assert p.env["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] == "0.0001"
+    # one CPU under a whole CPU's quota: a one-CPU cpuset in all but name, vLLM's spin stays;
+    # half a CPU (the spin would spend the quota) or more CPUs than one: the readers wait
+    one_cpu = quota == "100000 100000"
+    assert ("VLLM_SHM_BROADCAST_BUSY_SLEEP_S" not in p.env) is one_cpu, p.line()
+    if not one_cpu:
+        assert p.env["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] == "0.0001"
     assert f"pinned to CPU {r.format_cpu_list(pinned)}" in p.line(), p.line()
 
 

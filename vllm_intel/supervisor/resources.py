@@ -464,9 +464,14 @@ def plan(
             f"{per} OpenMP thread(s) per worker x {workers} worker(s), {where} "
             f"(quota {quota:g} CPUs of {len(allowed)} allowed)"
         )
+    # Pinned to one CPU under a quota of one CPU the processes cannot use more than the quota,
+    # and, as on a one-CPU cpuset, the spin's sched_yield() hands that CPU straight to the work:
+    # there the futex wake-up served 0.93 of vLLM's spin at 8 streams (docs/bench.md, limits).
+    one_cpu = len(p.pin or ()) == 1 and quota is not None and quota >= 1
     if (
         enabled
         and SPIN not in yours
+        and not one_cpu
         and (under_quota or (spare is not None and spare < SPARE_CPUS and len(allowed) > 1))
     ):
         p.env[SPIN] = SPIN_SLEEP_S
