@@ -122,6 +122,12 @@ def main(argv: list[str]) -> int:
         help=f"comma-separated sections (default all: {','.join(SECTIONS)})",
     )
     p.add_argument("--out", default=str(RESULTS / "latest.json"), help="JSON output file")
+    p.add_argument(
+        "--limits-arms",
+        default=None,
+        help="section limits: comma-separated arms to run (default all; e.g. quota+plan,cpuset "
+        "for more rounds of the goal's pair in the same time)",
+    )
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -145,7 +151,8 @@ def main(argv: list[str]) -> int:
         t = time.monotonic()
         try:
             module = importlib.import_module(f"bench.{name}")
-            rows += module.run(args.repeat, args.quick)
+            extra = {"arms": args.limits_arms} if name == "limits" and args.limits_arms else {}
+            rows += module.run(args.repeat, args.quick, **extra)
             done.append(name)
         except Exception as e:  # a broken section must not cost the others' results
             traceback.print_exc()

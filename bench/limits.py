@@ -1,25 +1,31 @@
 """limits: the CPU image under a CPU quota vs the same CPU count as a cpuset, with and without the
 CPU plan (Docker only).
 
-Four containers of the image (`serve --enforce-eager`, `--shm-size 1g --memory 4g`), started one
-after the other and then all running at once:
+Containers of the image (`serve --enforce-eager`, `--shm-size 1g --memory 4g`), one per arm,
+started one after the other and then all running at once; by default these four (`--limits-arms`
+picks some, e.g. the goal's pair for more rounds in the same time, or `cpuset,cpuset1`: two alike
+arms on CPUs 0 and 1, the noise floor of a pair on this host):
 - quota+plan:  `--cpus 1` (a quota smaller than the 2-CPU affinity set), the plan as shipped:
   every vLLM process pinned to one CPU (INTEL_VLLM_CPU_PLAN=pin, the default since 2026-12-01 21:00);
 - quota-plan:  `--cpus 1 -e INTEL_VLLM_CPU_PLAN=0` (vLLM's own thread choice; KV cache 1 GiB);
-- cpuset:      `--cpuset-cpus 0` (the same one CPU as a cpuset; the plan has nothing to change);
+- cpuset:      `--cpuset-cpus 0` (one CPU as a cpuset; the plan has nothing to change), moved
+  before each round to the CPU the pinned arm is on (follow_the_pin);
 - unpinned:    `--cpus 1 -e INTEL_VLLM_CPU_PLAN=1` (the plan without the pin: the processes run on
   both CPUs); quota+plan against it is what the pin buys, running on one CPU instead of two.
 The load alternates between them round by round (rotating the order), so the machine's drift hits
 all alike, and while one arm is measured the others are paused (an idle server still polls, on this
 2-CPU machine beside the measured arm: a one-CPU cpuset arm used 0.7-0.8 of its CPU next to two
-idle servers, all of it with them paused). Per round and arm: one 512-token stream, then 8
-concurrent 256-token streams, one `curl` process each (common.curl_batch); tokens/s (client side),
-the container's CPU time per generated token and per second of the round (cgroup v2 `cpu.stat`
+idle servers, all of it with them paused). Per round and arm: one 2048-token stream, then 8
+concurrent 1024-token streams, one `curl` process each (common.curl_batch), 4-6 s each (at 512 /
+256 tokens a measurement lasted about 1 s and the rounds spread 1414-2713 tokens/s at 8 streams,
+2026-12-01); tokens/s (client side), the container's CPU time per generated token and per second of the round (cgroup v2 `cpu.stat`
 usage_usec or v1 `cpuacct.usage`, read on the host: every process in the container), and the share
 of CFS periods in which the quota ran out. Ratios per round: quota+plan / cpuset (goal >= 0.95) and
 quota+plan / quota-plan (goal >= 1: the plan is never slower than vLLM's defaults).
-Also per arm: time to ready, peak memory (cgroup), the CPU an idle server burns, and the threads
-of every process in it: where a quota goes.
+Also per arm: time to ready, peak memory (cgroup) with the memory in use at the end split into
+anonymous memory and page cache (the cache of files the containers share is billed to the first
+that reads them), the CPU an idle server burns, and the threads of every process in it: where a
+quota goes.
 """
 
 from __future__ import annotations
@@ -34,7 +40,10 @@ import statistics
 import tempfile
 import time
 
+import psutil
+
 from tests.harness import Container
+from vllm_intel.supervisor import resources
 
 from .common import RESULTS, Row, curl_batch, log, pair_ratios, record
 from .dockerutil import IMAGE, docker, engine
@@ -49,14 +58,21 @@ ARMS = {
     "quota-plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=0", "-e", "VLLM_CPU_KVCACHE_SPACE=1"],
     "cpuset": ["--cpuset-cpus", "0"],
     "unpinned": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=1"],
+    # not run by default: the other CPU as a cpuset, against "cpuset" the noise floor of a pair of
+    # alike arms (`--limits-arms cpuset,cpuset1`)
+    "cpuset1": ["--cpuset-cpus", "1"],
+    # not run by default: the pin with vLLM's own spin (sched_yield) instead of the readers' wait
+    "pinned-spin": ["--cpus", "1", "-e", "VLLM_SHM_BROADCAST_BUSY_SLEEP_S=0"],
 }
-LOADS = {"1 stream": (1, 512), "8 streams": (8, 256)}
+DEFAULT_ARMS = ["quota+plan", "quota-plan", "cpuset", "unpinned"]
+LOADS = {"1 stream": (1, 2048), "8 streams": (8, 1024)}
 MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
 # (cgroup v2 file, v1 controller and file): read from the host through the container's cgroup
 # path, so that reading them runs nothing in the container (a `docker exec` bills its cgroup).
 CPU_TIME = ("cpu.stat", "cpuacct", "cpuacct.usage")  # v2 usage_usec; v1 nanoseconds
 THROTTLE = ("cpu.stat", "cpu", "cpu.stat")  # nr_periods, nr_throttled
 PEAK_MEMORY = ("memory.peak", "memory", "memory.max_usage_in_bytes")
+MEMORY_STAT = ("memory.stat", "memory", "memory.stat")  # v2 anon / file; v1 total_rss / total_cache
 CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
 # what each round records, from Arm.measure's result
 FIELDS = {"tps": "tok_s", "cpu_ms": "cpu_ms", "cpu_per_s": "cpu_per_s", "throttled": "throttled"}
@@ -110,6 +126,16 @@ class Arm(Container):
         text = self._read(*PEAK_MEMORY)
         return round(int(text) / 2**20) if text else None
 
+    def memory_split_mib(self) -> dict[str, int]:
+        """Memory in use now: anonymous (the processes' own) and page cache (files read)."""
+        text = self._read(*MEMORY_STAT) or ""
+        got = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
+        pick = {"anon": ("anon", "total_rss"), "cache": ("file", "total_cache")}
+        return {
+            name: round(int(next((got[k] for k in keys if k in got), 0)) / 2**20)
+            for name, keys in pick.items()
+        }
+
     def idle_cpu_pct(self, seconds: float = 5) -> float:
         """CPU the idle server burns (polling loops, spinning OpenMP threads), % of one CPU."""
         c0, t0 = self.cpu_s(), time.monotonic()
@@ -124,6 +150,13 @@ class Arm(Container):
         )
         out = docker("exec", self.name, "/opt/venv/bin/python", "-c", code, check=False)
         return json.loads(out.stdout) if out.returncode == 0 else {}
+
+    def vllm_cpus(self) -> str:
+        """The CPUs vLLM's processes may run on (the API server's affinity, read on the host)."""
+        pid = docker("inspect", "-f", "{{.State.Pid}}", self.name).stdout.strip()
+        for child in psutil.Process(int(pid)).children():
+            return resources.format_cpu_list(sorted(child.cpu_affinity()))
+        return ""
 
     def measure(self, n: int, tokens: int) -> dict:
         """tokens/s, CPU ms per token, CPU seconds per second of the round (how much of its limit
@@ -166,7 +199,26 @@ def pause(name: str, attempts: int = 5) -> None:
     raise RuntimeError(f"docker pause {name}: {cp.stderr.strip()[:300]}")
 
 
-def run(repeat: int, quick: bool) -> list[Row]:
+def follow_the_pin(arms: list[Arm]) -> None:
+    """The cpuset arm moved (`docker update --cpuset-cpus`) to the CPU the pinned arm is on: a
+    pair then differs only in quota against cpuset, not in which CPU of the host serves (the pin
+    takes the idlest CPU at start, and the two CPUs of this host differ by the hour: two alike
+    cpuset arms on CPU 1 and CPU 0 served 1.08 / 1.01 of each other, rounds from 0.86 to 1.28)."""
+    by = {a.kind: a for a in arms}
+    if "quota+plan" not in by or "cpuset" not in by:
+        return
+    want, have = by["quota+plan"].vllm_cpus(), by["cpuset"].vllm_cpus()
+    if want and want != have:
+        docker("update", "--cpuset-cpus", want, by["cpuset"].name)
+        log(f"cpuset arm: CPU {have} -> {want} (where the pinned arm is)")
+
+
+def run(repeat: int, quick: bool, arms: str | None = None) -> list[Row]:
+    """`arms`: comma-separated kinds of ARMS to run (default DEFAULT_ARMS); the rows compare the
+    pairs that ran."""
+    kinds = [k.strip() for k in arms.split(",")] if arms else DEFAULT_ARMS
+    if unknown := [k for k in kinds if k not in ARMS]:
+        raise ValueError(f"unknown limits arm(s) {unknown}; choose from {', '.join(ARMS)}")
     host, why = engine()
     if host is None:
         return [Row("limits", "CPU quota vs cpuset", note=f"not measured: {why}")]
@@ -175,11 +227,12 @@ def run(repeat: int, quick: bool) -> list[Row]:
     rounds = 2 if quick else max(4, 2 * repeat)
     arms: list[Arm] = []
     try:
-        for kind in ARMS:
+        for kind in kinds:
             arms.append(Arm(kind))  # appended first: removed below even if it never gets ready
             arms[-1].start()
         got = {(a.kind, load): {key: [] for key in FIELDS} for a in arms for load in LOADS}
         for k in range(rounds):
+            follow_the_pin(arms)
             order = arms[k % len(arms) :] + arms[: k % len(arms)]
             for load, (n, tokens) in LOADS.items():
                 for a in order:
@@ -192,9 +245,13 @@ def run(repeat: int, quick: bool) -> list[Row]:
         out["plans"] = {a.kind: a.plan for a in arms}
         out["ready_s"] = {a.kind: a.ready_s for a in arms}
         out["peak_mib"] = {a.kind: a.peak_mib() for a in arms}
+        out["memory_mib"] = {a.kind: a.memory_split_mib() for a in arms}
         out["idle_cpu_pct"] = {a.kind: a.idle_cpu_pct() for a in arms}
         out["threads"] = {a.kind: a.threads() for a in arms}
-        log(f"idle CPU %: {out['idle_cpu_pct']}; peak MiB: {out['peak_mib']}")
+        log(
+            f"idle CPU %: {out['idle_cpu_pct']}; peak MiB: {out['peak_mib']}; "
+            f"in use (MiB): {out['memory_mib']} (arms started in this order)"
+        )
         log(f"threads: {out['threads']}")
         record("limits", out)
     finally:
@@ -202,14 +259,25 @@ def run(repeat: int, quick: bool) -> list[Row]:
             a.remove(keep_log=RESULTS / "logs" / f"limits-{a.name}.log")
             shutil.rmtree(a.tmp, ignore_errors=True)
     rows = []
+    names = {
+        "quota+plan": "--cpus 1 with the plan",
+        "unpinned": "--cpus 1 with the plan unpinned",
+        "cpuset1": "--cpuset-cpus 1",
+        "pinned-spin": "--cpus 1 pinned, vLLM's spin",
+    }
     for load in LOADS:
-        qp, qd, cs, unpinned = (got[(kind, load)] for kind in ARMS)
-        for name, ours, alt_name, alt, goal in (
-            ("--cpus 1 with the plan", qp, "cpuset", cs, "ratio >= 0.95"),
-            ("--cpus 1 with the plan", qp, "quota-plan", qd, "ratio >= 1.00"),
-            ("--cpus 1 with the plan", qp, "unpinned", unpinned, ""),
-            ("--cpus 1 with the plan unpinned", unpinned, "cpuset", cs, ""),
+        for ours_kind, alt_name, goal in (
+            ("quota+plan", "cpuset", "ratio >= 0.95"),
+            ("quota+plan", "quota-plan", "ratio >= 1.00"),
+            ("quota+plan", "unpinned", ""),
+            ("unpinned", "cpuset", ""),
+            ("cpuset1", "cpuset", ""),
+            ("pinned-spin", "cpuset", ""),
+            ("quota+plan", "pinned-spin", ""),
         ):
+            if ours_kind not in kinds or alt_name not in kinds:
+                continue
+            name, ours, alt = names[ours_kind], got[(ours_kind, load)], got[(alt_name, load)]
             ratios = pair_ratios(ours["tps"], alt["tps"])
             cpu_ratio = statistics.median(pair_ratios(ours["cpu_ms"], alt["cpu_ms"]))
             rows.append(
