@@ -18,9 +18,9 @@ all alike, and while one arm is measured the others are paused (an idle server s
 idle servers, all of it with them paused). Per round and arm: one 2048-token stream, then 8
 concurrent 1024-token streams, one `curl` process each (common.curl_batch), 4-6 s each (at 512 /
 256 tokens a measurement lasted about 1 s and the rounds spread 1414-2713 tokens/s at 8 streams,
-2026-12-01); tokens/s (client side), the container's CPU time per generated token and per second of the round (cgroup v2 `cpu.stat`
-usage_usec or v1 `cpuacct.usage`, read on the host: every process in the container), and the share
-of CFS periods in which the quota ran out. Ratios per round: quota+plan / cpuset (goal >= 0.95) and
+2026-12-01); tokens/s (client side), the container's CPU time per generated token and per second
+of the round (cgroup v2 `cpu.stat` usage_usec or v1 `cpuacct.usage`, read on the host: every
+process in the container), and the share of CFS periods in which the quota ran out. Ratios per round: quota+plan / cpuset (goal >= 0.95) and
 quota+plan / quota-plan (goal >= 1: the plan is never slower than vLLM's defaults).
 Also per arm: time to ready, peak memory (cgroup) with the memory in use at the end split into
 anonymous memory and page cache (the cache of files the containers share is billed to the first

@@ -466,7 +466,8 @@ def plan(
         )
     # Pinned to one CPU under a quota of one CPU the processes cannot use more than the quota,
     # and, as on a one-CPU cpuset, the spin's sched_yield() hands that CPU straight to the work:
-    # there the futex wake-up served 0.93 of vLLM's spin at 8 streams (docs/bench.md, limits).
+    # there the futex wake-up served 0.96 / 0.91 of vLLM's spin at 1 / 8 streams (20 rounds,
+    # intervals reaching 1.03 / 1.05; docs/bench.md, limits): nothing to gain from it.
     one_cpu = len(p.pin or ()) == 1 and quota is not None and quota >= 1
     if (
         enabled
