@@ -63,6 +63,16 @@ ARMS = {
     "cpuset1": ["--cpuset-cpus", "1"],
     # not run by default: the pin with vLLM's own spin (sched_yield) instead of the readers' wait
     "pinned-spin": ["--cpus", "1", "-e", "VLLM_SHM_BROADCAST_BUSY_SLEEP_S=0"],
+    # not run by default: the cpuset with the pin's OpenMP setup (nobind, OMP_NUM_THREADS) instead
+    # of vLLM's `auto` binding: against "cpuset", what that setup costs on the same CPU
+    "cpuset-nobind": [
+        "--cpuset-cpus",
+        "0",
+        "-e",
+        "VLLM_CPU_OMP_THREADS_BIND=nobind",
+        "-e",
+        "OMP_NUM_THREADS=1",
+    ],
 }
 DEFAULT_ARMS = ["quota+plan", "quota-plan", "cpuset", "unpinned"]
 LOADS = {"1 stream": (1, 2048), "8 streams": (8, 1024)}
@@ -264,6 +274,7 @@ def run(repeat: int, quick: bool, arms: str | None = None) -> list[Row]:
         "unpinned": "--cpus 1 with the plan unpinned",
         "cpuset1": "--cpuset-cpus 1",
         "pinned-spin": "--cpus 1 pinned, vLLM's spin",
+        "cpuset-nobind": "cpuset, OpenMP nobind",
     }
     for load in LOADS:
         for ours_kind, alt_name, goal in (
@@ -274,6 +285,7 @@ def run(repeat: int, quick: bool, arms: str | None = None) -> list[Row]:
             ("cpuset1", "cpuset", ""),
             ("pinned-spin", "cpuset", ""),
             ("quota+plan", "pinned-spin", ""),
+            ("cpuset-nobind", "cpuset", ""),
         ):
             if ours_kind not in kinds or alt_name not in kinds:
                 continue
