@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from tests.deploy.manifests import dockerfile_env
-from tests.harness import DEFAULT_VLLM, OLD_VLLM, ROOT, Streams, docker
+from tests.harness import DEFAULT_VLLM, OLD_VLLM, ROOT, Streams, docker, patch_line, wake_words
 from tests.harness.models import REPO
 from vllm_intel.supervisor import settings
 
@@ -115,13 +115,12 @@ def test_the_plans_shm_choice_reaches_the_engine_and_worker(stack):
     if (os.cpu_count() or 1) == 2:  # 1 OpenMP thread, 1 CPU beside it: the readers must wait
         assert want == "applied", plan
     for proc in ("EngineCore", "Worker"):
-        line = next(x for x in logs.splitlines() if f"{proc}): cpu-accelerator-api" in x)
+        line = patch_line(logs, proc)
         assert f"shm-busy-sleep={want}" in line, line
     # waiting by the futex wake-up, not the fallback sleep: one word per queue (the engine core's
     # to the worker, the worker's back) in the container's /dev/shm
-    shm = docker("exec", stack.container(), "ls", "/dev/shm").stdout.split()
-    words = [f for f in shm if f.startswith("vllm_intel_wake_")]
-    assert len(words) == (2 if want == "applied" else 0), shm
+    words = wake_words(stack.container())
+    assert len(words) == (2 if want == "applied" else 0), words
     assert "no futex wake-up" not in logs, logs[-3000:]
 
 

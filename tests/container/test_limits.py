@@ -17,7 +17,7 @@ import uuid
 import pytest
 import requests
 
-from tests.harness import Container, docker, poll
+from tests.harness import Container, docker, patch_line, poll, wake_words
 from vllm_intel.supervisor.settings import Exit
 
 pytestmark = [pytest.mark.docker]
@@ -56,7 +56,7 @@ def test_under_a_quota_and_memory_limit_it_logs_the_plan_pins_and_serves(cpu_ima
         # CPU straight to the work, so the shm queue readers keep it (shm-busy-sleep stands aside)
         assert "VLLM_SHM_BROADCAST_BUSY_SLEEP_S" not in plan, plan
         for proc in ("EngineCore", "Worker"):
-            line = next(x for x in logs.splitlines() if f"{proc}): cpu-accelerator-api" in x)
+            line = patch_line(logs, proc)
             assert "shm-busy-sleep=not-applicable" in line, line
         # vLLM took it: its OpenMP report says it binds nothing, and vLLM runs with one OpenMP
         # thread in its environment (the API server's: the engine core and worker inherit it,
@@ -76,8 +76,7 @@ def test_under_a_quota_and_memory_limit_it_logs_the_plan_pins_and_serves(cpu_ima
         )
         assert r.status_code == 200, r.text
         # vLLM's spin kept: no futex word in the container's /dev/shm
-        shm = docker("exec", c.name, "ls", "/dev/shm").stdout.split()
-        assert not [f for f in shm if f.startswith("vllm_intel_wake_")], shm
+        assert wake_words(c.name) == [], "no futex word expected"
         probe = (  # the API server (the supervisor's child) and all it started
             "import json, psutil\n"
             "api = psutil.Process(1).children()[0]\n"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import psutil
 import requests
 
+from vllm_intel.patches.shm_busy_sleep import WAKE_PREFIX
 from vllm_intel.supervisor import janitor
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -59,6 +60,17 @@ def docker(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
     return subprocess.run(
         [DOCKER, *args], capture_output=True, text=True, timeout=timeout, check=check
     )
+
+
+def patch_line(logs: str, process: str) -> str:
+    """The plugin's status line of one vLLM process (`EngineCore`, `Worker`) in a server's logs."""
+    return next(x for x in logs.splitlines() if f"{process}): cpu-accelerator-api" in x)
+
+
+def wake_words(container: str) -> list[str]:
+    """Patch shm-busy-sleep's futex words in a running container's /dev/shm."""
+    shm = docker("exec", container, "ls", "/dev/shm").stdout.split()
+    return [f for f in shm if f.startswith(WAKE_PREFIX)]
 
 
 class Container:
