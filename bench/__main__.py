@@ -128,6 +128,13 @@ def main(argv: list[str]) -> int:
         help="section limits: comma-separated arms to run (default all; e.g. quota+plan,cpuset "
         "for more rounds of the goal's pair in the same time)",
     )
+    p.add_argument(
+        "--limits-starts",
+        type=int,
+        default=1,
+        help="section limits: start the arms this many times (fresh containers, rotated start "
+        "order), the rounds split between the starts",
+    )
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -151,7 +158,9 @@ def main(argv: list[str]) -> int:
         t = time.monotonic()
         try:
             module = importlib.import_module(f"bench.{name}")
-            extra = {"arms": args.limits_arms} if name == "limits" and args.limits_arms else {}
+            extra = (
+                {"arms": args.limits_arms, "starts": args.limits_starts} if name == "limits" else {}
+            )
             rows += module.run(args.repeat, args.quick, **extra)
             done.append(name)
         except Exception as e:  # a broken section must not cost the others' results

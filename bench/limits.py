@@ -12,16 +12,20 @@ arms on CPUs 0 and 1, the noise floor of a pair on this host):
   before each round to the CPU the pinned arm is on (follow_the_pin);
 - unpinned:    `--cpus 1 -e INTEL_VLLM_CPU_PLAN=1` (the plan without the pin: the processes run on
   both CPUs); quota+plan against it is what the pin buys, running on one CPU instead of two.
-The load alternates between them round by round (rotating the order), so the machine's drift hits
-all alike, and while one arm is measured the others are paused (an idle server still polls, on this
-2-CPU machine beside the measured arm: a one-CPU cpuset arm used 0.7-0.8 of its CPU next to two
-idle servers, all of it with them paused). Per round and arm: one 2048-token stream, then 8
-concurrent 1024-token streams, one `curl` process each (common.curl_batch), 4-6 s each (at 512 /
-256 tokens a measurement lasted about 1 s and the rounds spread 1414-2713 tokens/s at 8 streams,
-2026-12-01); tokens/s (client side), the container's CPU time per generated token and per second
-of the round (cgroup v2 `cpu.stat` usage_usec or v1 `cpuacct.usage`, read on the host: every
-process in the container), and the share of CFS periods in which the quota ran out. Ratios per round: quota+plan / cpuset (goal >= 0.95) and
-quota+plan / quota-plan (goal >= 1: the plan is never slower than vLLM's defaults).
+`cpuset-quota` (the cpuset with `--cpus 1` on top) separates what the quota alone costs.
+`--limits-starts N` starts the arms N times (fresh containers, rotated start order) and splits the
+rounds between the starts: a container's own luck (page cache, memory placement) then varies within
+the run. The load alternates between them round by round (rotating the order), so the machine's
+drift hits all alike, and while one arm is measured the others are paused (an idle server still
+polls, on this 2-CPU machine beside the measured arm: a one-CPU cpuset arm used 0.7-0.8 of its CPU
+next to two idle servers, all of it with them paused). Per round and arm: one 2048-token stream,
+then 8 concurrent 1024-token streams, one `curl` process each (common.curl_batch), 4-6 s each (at
+512 / 256 tokens a measurement lasted about 1 s and the rounds spread 1414-2713 tokens/s at 8
+streams, 2026-12-01); tokens/s (client side), the container's CPU time per generated token and per
+second of the round (cgroup v2 `cpu.stat` usage_usec or v1 `cpuacct.usage`, read on the host: every
+process in the container), and the share of CFS periods in which the quota ran out. Ratios per
+round: quota+plan / cpuset (goal >= 0.95) and quota+plan / quota-plan (goal >= 1: the plan is never
+slower than vLLM's defaults).
 Also per arm: time to ready, peak memory (cgroup) with the memory in use at the end split into
 anonymous memory and page cache (the cache of files the containers share is billed to the first
 that reads them), the CPU an idle server burns, and the threads of every process in it: where a
@@ -32,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import pathlib
 import re
@@ -73,7 +78,12 @@ ARMS = {
         "-e",
         "OMP_NUM_THREADS=1",
     ],
+    # not run by default: the cpuset with a one-CPU quota on top (the plan sees no quota below
+    # the allowed CPUs and leaves vLLM's defaults): against "cpuset", what the quota alone costs
+    # on the same CPU, with Docker doing the pinning
+    "cpuset-quota": ["--cpuset-cpus", "0", "--cpus", "1"],
 }
+FOLLOWERS = ("cpuset", "cpuset-nobind", "cpuset-quota")  # arms moved to the pinned arm's CPU
 DEFAULT_ARMS = ["quota+plan", "quota-plan", "cpuset", "unpinned"]
 LOADS = {"1 stream": (1, 2048), "8 streams": (8, 1024)}
 MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
@@ -210,64 +220,84 @@ def pause(name: str, attempts: int = 5) -> None:
 
 
 def follow_the_pin(arms: list[Arm]) -> None:
-    """The cpuset arm moved (`docker update --cpuset-cpus`) to the CPU the pinned arm is on: a
-    pair then differs only in quota against cpuset, not in which CPU of the host serves (the pin
-    takes the idlest CPU at start, and the two CPUs of this host differ by the hour: two alike
-    cpuset arms on CPU 1 and CPU 0 served 1.08 / 1.01 of each other, rounds from 0.86 to 1.28)."""
+    """The cpuset arms (FOLLOWERS) moved (`docker update --cpuset-cpus`) to the CPU the pinned arm
+    is on: a pair then differs only in quota against cpuset, not in which CPU of the host serves
+    (the pin takes the idlest CPU at start, and the two CPUs of this host differ by the hour: two
+    alike cpuset arms on CPU 1 and CPU 0 served 1.08 / 1.01 of each other, rounds from 0.86 to
+    1.28)."""
     by = {a.kind: a for a in arms}
-    if "quota+plan" not in by or "cpuset" not in by:
+    if "quota+plan" not in by:
         return
-    want, have = by["quota+plan"].vllm_cpus(), by["cpuset"].vllm_cpus()
-    if want and want != have:
-        docker("update", "--cpuset-cpus", want, by["cpuset"].name)
-        log(f"cpuset arm: CPU {have} -> {want} (where the pinned arm is)")
+    want = by["quota+plan"].vllm_cpus()
+    for kind in FOLLOWERS:
+        if kind in by and want and want != (have := by[kind].vllm_cpus()):
+            docker("update", "--cpuset-cpus", want, by[kind].name)
+            log(f"{kind} arm: CPU {have} -> {want} (where the pinned arm is)")
 
 
-def run(repeat: int, quick: bool, arms: str | None = None) -> list[Row]:
+def run(repeat: int, quick: bool, arms: str | None = None, starts: int = 1) -> list[Row]:
     """`arms`: comma-separated kinds of ARMS to run (default DEFAULT_ARMS); the rows compare the
-    pairs that ran."""
+    pairs that ran. `starts`: the arms are started this many times (fresh containers, the start
+    order rotated), the rounds split between the starts: what differs from one container to the
+    next (which started first and got the page cache, where its memory lies) then varies inside
+    the run instead of fixing the whole run's ratio (run medians moved by more than their
+    intervals with one start, 2026-12-02)."""
     kinds = [k.strip() for k in arms.split(",")] if arms else DEFAULT_ARMS
     if unknown := [k for k in kinds if k not in ARMS]:
         raise ValueError(f"unknown limits arm(s) {unknown}; choose from {', '.join(ARMS)}")
+    if starts < 1:
+        raise ValueError(f"--limits-starts must be at least 1, not {starts}")
     host, why = engine()
     if host is None:
         return [Row("limits", "CPU quota vs cpuset", note=f"not measured: {why}")]
     if (os.cpu_count() or 1) < 2:
         return [Row("limits", "CPU quota vs cpuset", note="not measured: needs 2 CPUs")]
     rounds = 2 if quick else max(4, 2 * repeat)
-    arms: list[Arm] = []
-    try:
-        for kind in kinds:
-            arms.append(Arm(kind))  # appended first: removed below even if it never gets ready
-            arms[-1].start()
-        got = {(a.kind, load): {key: [] for key in FIELDS} for a in arms for load in LOADS}
-        for k in range(rounds):
-            follow_the_pin(arms)
-            order = arms[k % len(arms) :] + arms[: k % len(arms)]
-            for load, (n, tokens) in LOADS.items():
-                for a in order:
-                    with alone(a, arms):
-                        m = a.measure(n, tokens)
-                    log(f"round {k}: {a.kind}, {load}: {m}")
-                    for key, field in FIELDS.items():
-                        got[(a.kind, load)][key].append(m[field])
-        out = {f"{kind} {load}": v for (kind, load), v in got.items()}
-        out["plans"] = {a.kind: a.plan for a in arms}
-        out["ready_s"] = {a.kind: a.ready_s for a in arms}
-        out["peak_mib"] = {a.kind: a.peak_mib() for a in arms}
-        out["memory_mib"] = {a.kind: a.memory_split_mib() for a in arms}
-        out["idle_cpu_pct"] = {a.kind: a.idle_cpu_pct() for a in arms}
-        out["threads"] = {a.kind: a.threads() for a in arms}
-        log(
-            f"idle CPU %: {out['idle_cpu_pct']}; peak MiB: {out['peak_mib']}; "
-            f"in use (MiB): {out['memory_mib']} (arms started in this order)"
-        )
-        log(f"threads: {out['threads']}")
-        record("limits", out)
-    finally:
-        for a in arms:
-            a.remove(keep_log=RESULTS / "logs" / f"limits-{a.name}.log")
-            shutil.rmtree(a.tmp, ignore_errors=True)
+    per_start = math.ceil(rounds / starts)
+    rounds = per_start * starts
+    got = {(kind, load): {key: [] for key in FIELDS} for kind in kinds for load in LOADS}
+    out: dict = {key: {kind: [] for kind in kinds} for key in ("ready_s", "peak_mib", "memory_mib")}
+    out["start_order"] = []
+    k = 0
+    for s in range(starts):
+        order = kinds[s % len(kinds) :] + kinds[: s % len(kinds)]
+        out["start_order"].append(order)
+        arms: list[Arm] = []
+        try:
+            for kind in order:
+                arms.append(Arm(kind))  # appended first: removed below even if it never gets ready
+                arms[-1].start()
+            for _ in range(per_start):
+                follow_the_pin(arms)
+                turn = arms[k % len(arms) :] + arms[: k % len(arms)]
+                for load, (n, tokens) in LOADS.items():
+                    for a in turn:
+                        with alone(a, arms):
+                            m = a.measure(n, tokens)
+                        log(f"start {s}, round {k}: {a.kind}, {load}: {m}")
+                        for key, field in FIELDS.items():
+                            got[(a.kind, load)][key].append(m[field])
+                k += 1
+            for a in arms:
+                out["ready_s"][a.kind].append(a.ready_s)
+                out["peak_mib"][a.kind].append(a.peak_mib())
+                out["memory_mib"][a.kind].append(a.memory_split_mib())
+            if s == starts - 1:
+                out["plans"] = {a.kind: a.plan for a in arms}
+                out["idle_cpu_pct"] = {a.kind: a.idle_cpu_pct() for a in arms}
+                out["threads"] = {a.kind: a.threads() for a in arms}
+            log(
+                f"start {s} (started in the order {', '.join(order)}): peak MiB "
+                f"{ {a.kind: out['peak_mib'][a.kind][-1] for a in arms} }, in use (MiB) "
+                f"{ {a.kind: out['memory_mib'][a.kind][-1] for a in arms} }"
+            )
+        finally:
+            for a in arms:
+                a.remove(keep_log=RESULTS / "logs" / f"limits-{a.name}-start{s}.log")
+                shutil.rmtree(a.tmp, ignore_errors=True)
+    out.update({f"{kind} {load}": v for (kind, load), v in got.items()})
+    log(f"idle CPU %: {out['idle_cpu_pct']}; threads: {out['threads']}")
+    record("limits", out)
     rows = []
     names = {
         "quota+plan": "--cpus 1 with the plan",
@@ -275,6 +305,7 @@ def run(repeat: int, quick: bool, arms: str | None = None) -> list[Row]:
         "cpuset1": "--cpuset-cpus 1",
         "pinned-spin": "--cpus 1 pinned, vLLM's spin",
         "cpuset-nobind": "cpuset, OpenMP nobind",
+        "cpuset-quota": "cpuset with --cpus 1",
     }
     for load in LOADS:
         for ours_kind, alt_name, goal in (
@@ -286,12 +317,19 @@ def run(repeat: int, quick: bool, arms: str | None = None) -> list[Row]:
             ("pinned-spin", "cpuset", ""),
             ("quota+plan", "pinned-spin", ""),
             ("cpuset-nobind", "cpuset", ""),
+            ("cpuset-quota", "cpuset", ""),
+            ("quota+plan", "cpuset-quota", ""),
         ):
             if ours_kind not in kinds or alt_name not in kinds:
                 continue
             name, ours, alt = names[ours_kind], got[(ours_kind, load)], got[(alt_name, load)]
             ratios = pair_ratios(ours["tps"], alt["tps"])
             cpu_ratio = statistics.median(pair_ratios(ours["cpu_ms"], alt["cpu_ms"]))
+            each = [
+                statistics.median(ratios[i : i + per_start])
+                for i in range(0, len(ratios), per_start)
+            ]
+            by_start = f"; median ratio per start {', '.join(f'{r:.2f}' for r in each)}"
             rows.append(
                 Row(
                     "limits",
@@ -308,7 +346,8 @@ def run(repeat: int, quick: bool, arms: str | None = None) -> list[Row]:
                     f"{statistics.median(ours['cpu_per_s']):.2f} vs "
                     f"{statistics.median(alt['cpu_per_s']):.2f}; throttled in "
                     f"{statistics.median(ours['throttled']):.0%} vs "
-                    f"{statistics.median(alt['throttled']):.0%} of CFS periods; {rounds} rounds",
+                    f"{statistics.median(alt['throttled']):.0%} of CFS periods; {rounds} rounds"
+                    + (by_start if starts > 1 else ""),
                     fmt="{:.0f}",
                 )
             )
