@@ -1,4 +1,4 @@
-"""Issue 8: every public torch.accelerator call, enumerated from the installed torch, behaves as
+"""Every public torch.accelerator call, enumerated from the installed torch, behaves as
 the decision table in cpu_accelerator_api's docstring says - eagerly and inside torch.compile -
 on plain torch and with vLLM 0.27.1 / 0.32.0 binders re-run after the plugin."""
 
