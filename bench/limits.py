@@ -14,7 +14,7 @@ arms on CPUs 0 and 1, the noise floor of a pair on this host):
   both CPUs); quota+plan against it is what the pin buys, running on one CPU instead of two.
 `cpuset-quota` (the cpuset with `--cpus 1` on top) separates what the quota alone costs.
 `--limits-starts N` starts the arms N times (fresh containers, rotated start order) and splits the
-rounds between the starts: a container's own luck (page cache, memory placement) then varies within
+rounds between the starts: whatever makes one container serve unlike the next then varies within
 the run. The load alternates between them round by round (rotating the order), so the machine's
 drift hits all alike, and while one arm is measured the others are paused (an idle server still
 polls, on this 2-CPU machine beside the measured arm: a one-CPU cpuset arm used 0.7-0.8 of its CPU
@@ -239,8 +239,8 @@ def run(repeat: int, quick: bool, arms: str | None = None, starts: int = 1) -> l
     """`arms`: comma-separated kinds of ARMS to run (default DEFAULT_ARMS); the rows compare the
     pairs that ran. `starts`: the arms are started this many times (fresh containers, the start
     order rotated), the rounds split between the starts: what differs from one container to the
-    next (which started first and got the page cache, where its memory lies) then varies inside
-    the run instead of fixing the whole run's ratio (run medians moved by more than their
+    next (the same cpuset arm served 178 tokens/s in one start, 236 in the next) then varies
+    inside the run instead of fixing the whole run's ratio (run medians moved by more than their
     intervals with one start, 2026-12-02)."""
     kinds = [k.strip() for k in arms.split(",")] if arms else DEFAULT_ARMS
     if unknown := [k for k in kinds if k not in ARMS]:
