@@ -5,7 +5,7 @@ can differ by a quarter) gives an interval too wide to judge a 5 % goal, and a r
 with the hour. Pooling the rounds of runs that measured the same arms with the same code gives the
 interval of all of them, judged like a run's (stats.verdict), with each run's median beside it so
 that a run unlike the others shows. Which runs are alike is the caller's claim: the tool pools
-figures by their exact name and prints each run's date and arguments.
+figures by their exact name and prints each run's file and date.
 """
 
 from __future__ import annotations
@@ -49,14 +49,12 @@ def main(argv: list[str]) -> int:
         ratios, iv = pooled(runs)
         goal = runs[0][1].get("goal", "")
         judged = stats.verdict(goal, iv) if goal else None
-        low = f"{iv.low:.3f}" if iv and iv.low is not None else "-"
-        high = f"{iv.high:.3f}" if iv and iv.high is not None else "-"
         print(f"{figure}: {len(runs)} run(s), {len(ratios)} pairs")
         for label, row in runs:
             print(f"  {label}: median {statistics.median(row['ratio']):.3f} of {len(row['ratio'])}")
         verdict = {True: "met", False: "not met", None: "no goal"}.get(judged, judged)
         print(
-            f"  pooled: median {statistics.median(ratios):.3f} [{low}, {high}]"
+            f"  pooled: median {iv.median:.3f} {iv.text()}"
             + (f"; {goal}: {verdict}" if goal else "")
         )
     return 0

@@ -33,8 +33,10 @@ def test_the_pooled_interval_is_over_every_runs_pairs_and_judged(tmp_path, capsy
     out = capsys.readouterr().out
     assert "x vs y: 2 run(s), 20 pairs" in out
     assert "one.json (2026-12-02T01:05): median 0.980 of 6" in out
+    assert iv.contains(1.0)
     assert (
-        f"pooled: median {iv.median:.3f} [{iv.low:.3f}, {iv.high:.3f}]; ratio >= 0.95: met" in out
+        f"pooled: median {iv.median:.3f} [{iv.low:.3f}, {iv.high:.3f}] n=20: not distinguishable "
+        "from 1; ratio >= 0.95: met" in out
     )
     assert "other" not in out
 
