@@ -18,8 +18,9 @@ py="python$PYTHON_VERSION"
 
 if [ -n "${XPU_ONEAPI_APT:-}" ]; then
   : "${XPU_ONEAPI_APT_PIN:?oneAPI apt packages need a version pin}"
+  # Into tee, as upstream does: `gpg -o` onto an existing keyring asks on a tty (exit 2 in a build).
   curl -fsSL https://apt.repos.intel.com/intel-gpg-keys/GPG-PUB-KEY-INTEL-SW-PRODUCTS.PUB \
-    | gpg --dearmor -o /usr/share/keyrings/oneapi-archive-keyring.gpg
+    | gpg --dearmor | tee /usr/share/keyrings/oneapi-archive-keyring.gpg >/dev/null
   echo "deb [signed-by=/usr/share/keyrings/oneapi-archive-keyring.gpg] https://apt.repos.intel.com/oneapi all main" \
     >/etc/apt/sources.list.d/oneAPI.list
   printf '%s\n' 'Package: intel-oneapi-* intel-deep-learning-essentials* intel-pti*' \

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Build a vllm-intel image: the one copy of the build command (Makefile, tests, CI, Buildkite).
 #
-#   scripts/build-image.sh cpu|xpu|lb [extra `docker build` args...]
+#   scripts/build-image.sh cpu|xpu|lb|xpu-stand-in [extra `docker build` args...]
 #
 # lb is the load balancer of compose.replicas.yaml (docker/Dockerfile.lb: Debian's HAProxy on the
 # CPU image's base); it does not depend on the vLLM release and is tagged vllm-intel:lb.
+# xpu-stand-in is for the tests only (tests/standins/Dockerfile.upstream-xpu): a stand-in for
+# upstream's published XPU image of VLLM_VERSION, tagged with upstream's name so that the xpu
+# build's upstream route runs on a machine without a registry. It never replaces a real image
+# of that name (one without the stand-in label).
 #
 # Environment (all optional):
 #   VLLM_VERSION     vLLM release (default: the VLLM_VERSION file)
@@ -28,7 +32,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 acc=${1:-}; shift || true
-case "$acc" in cpu|xpu|lb) ;; *) echo "usage: $0 cpu|xpu|lb [docker build args...]" >&2; exit 64 ;; esac
+case "$acc" in cpu|xpu|lb|xpu-stand-in) ;;
+  *) echo "usage: $0 cpu|xpu|lb|xpu-stand-in [docker build args...]" >&2; exit 64 ;; esac
 
 docker=${DOCKER:-/usr/bin/docker}   # Debian's 20.10 CLI: it builds with BuildKit (no buildx needed)
 default_version=$(cat "$here/VLLM_VERSION")
@@ -42,16 +47,31 @@ if [ -z "${DOCKER_HOST:-}" ]; then
 fi
 
 tags=()
+dockerfile=$here/docker/Dockerfile.$acc
+if [ "$acc" = xpu-stand-in ]; then
+  dockerfile=$here/tests/standins/Dockerfile.upstream-xpu
+  upstream=$(python3 "$here/scripts/xpu_recipe.py" field "$version" upstream_image) || exit 64
+  [ -n "$upstream" ] || { echo "build-image: vLLM $version has no published XPU image to stand in for" >&2; exit 64; }
+  if "$docker" image inspect "$upstream" >/dev/null 2>&1 && [ -z "$("$docker" image inspect \
+      -f '{{index .Config.Labels "io.github.vllm-intel.stand-in"}}' "$upstream")" ]; then
+    echo "build-image: $upstream is upstream's real image; no stand-in built" >&2; exit 0
+  fi
+fi
 if [ -n "${TAG:-}" ]; then tags=("$TAG")
+elif [ "$acc" = xpu-stand-in ]; then tags=("$upstream")
 elif [ "$acc" = lb ]; then tags=("vllm-intel:lb")
 elif [ "$target" = runtime ]; then
   tags=("vllm-intel:$acc-$version")
   [ "$version" = "$default_version" ] && tags+=("vllm-intel:$acc")
 else tags=("vllm-intel:$acc-$version-$target"); fi
 
-args=(--file "$here/docker/Dockerfile.$acc")
-# Dockerfile.lb has a single stage and no vLLM.
-[ "$acc" = lb ] || args+=(--target "$target" --build-arg "VLLM_VERSION=$version")
+args=(--file "$dockerfile")
+# Dockerfile.lb and the stand-in have a single stage.
+case "$acc" in
+  lb) ;;
+  xpu-stand-in) args+=(--build-arg "VLLM_VERSION=$version") ;;
+  *) args+=(--target "$target" --build-arg "VLLM_VERSION=$version") ;;
+esac
 for t in "${tags[@]}"; do args+=(--tag "$t"); done
 
 # Label values: the plugin version from pyproject.toml, the commit if this is a git checkout.
@@ -65,15 +85,23 @@ if [ "$acc" = xpu ]; then
   recipe=$(python3 "$here/scripts/xpu_recipe.py" build-args "$version" ${XPU_ROUTE:+"$XPU_ROUTE"}) || exit 64
   mapfile -t recipe_args <<<"$recipe"
   for a in "${recipe_args[@]}"; do args+=(--build-arg "$a"); done
-  if grep -qx 'XPU_ROUTE=source' <<<"$recipe"; then
-    sdist=$("$here/scripts/vllm-sdist.sh" "$version")
-    cp -u "$sdist" "$here/docker/sdist/"
-  fi
+fi
+if [ "$acc" = xpu-stand-in ]; then
+  recipe=$(python3 "$here/scripts/xpu_recipe.py" build-args "$version" upstream) || exit 64
+  for a in VLLM_SDIST_SHA256 XPU_KERNELS_VERSION XPU_ONEAPI_PIP; do
+    args+=(--build-arg "$(grep "^$a=" <<<"$recipe")")
+  done
+fi
+# The source route and the stand-in build vLLM from the release's sdist (bind-mounted).
+if [ "$acc" = xpu-stand-in ] || { [ "$acc" = xpu ] && grep -qx 'XPU_ROUTE=source' <<<"$recipe"; }; then
+  sdist=$("$here/scripts/vllm-sdist.sh" "$version")
+  cp -u "$sdist" "$here/docker/sdist/"
 fi
 
-# Local wheels (CPU image): offered to pip through the docker/wheels bind mount.
-if [ "$acc" = cpu ] && [ -z "${WHEELS_DIR+set}" ] && [ -d /opt/wheels ]; then WHEELS_DIR=/opt/wheels; fi
-if [ "$acc" = cpu ] && [ -n "${WHEELS_DIR:-}" ]; then
+# Local wheels (CPU image, XPU stand-in): offered to pip through the docker/wheels bind mount.
+wheels=0; case "$acc" in cpu|xpu-stand-in) wheels=1 ;; esac
+if [ $wheels = 1 ] && [ -z "${WHEELS_DIR+set}" ] && [ -d /opt/wheels ]; then WHEELS_DIR=/opt/wheels; fi
+if [ $wheels = 1 ] && [ -n "${WHEELS_DIR:-}" ]; then
   shopt -s nullglob
   whls=("$WHEELS_DIR"/*.whl)
   [ ${#whls[@]} -gt 0 ] || { echo "build-image: no wheels in WHEELS_DIR=$WHEELS_DIR" >&2; exit 1; }
@@ -95,11 +123,11 @@ for v in HTTP_PROXY HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy; do
   if [ -n "${!v:-}" ]; then args+=(--build-arg "$v=${!v}"); fi
 done
 
-# No registry here: make the CPU (and LB) base locally when it is missing (a no-op where it exists).
-if [ "$acc" = cpu ] || [ "$acc" = lb ]; then "$here/scripts/base-image.sh" debian:bookworm-slim; fi
+# No registry here: make the Debian base locally when it is missing (a no-op where it exists).
+if [ "$acc" != xpu ]; then "$here/scripts/base-image.sh" debian:bookworm-slim; fi
 
 [ -t 1 ] && [ -z "${CI:-}" ] || args+=(--progress=plain)
-[ "$acc" != lb ] || { target=-; version=-; }
+case "$acc" in lb) target=-; version=- ;; xpu-stand-in) target=- ;; esac
 echo "build-image: $acc target=$target vllm=$version tags=${tags[*]} (DOCKER_HOST=$DOCKER_HOST)" >&2
 start=$(date +%s)
 DOCKER_BUILDKIT=1 "$docker" build "${args[@]}" "$@" "$here"

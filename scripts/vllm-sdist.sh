@@ -1,35 +1,45 @@
 #!/usr/bin/env bash
 # Print the path of vLLM VERSION's PyPI sdist (vllm-VERSION.tar.gz), downloaded once into the
-# cache. pip itself checks it against sdist_sha256 of docker/xpu-releases.toml (--require-hashes),
-# and a cached copy is checked again before it is used. The XPU image's source route and
-# tests/xpu read upstream's recipe (docker/Dockerfile.xpu, requirements/xpu.txt) from it.
+# cache and checked against sdist_sha256 of docker/xpu-releases.toml (a cached copy is checked
+# again before it is used). The XPU image's source route, its stand-in and tests/xpu read
+# upstream's recipe (docker/Dockerfile.xpu, requirements/xpu.txt) from it.
 #
 #   scripts/vllm-sdist.sh VERSION
+#
+# Needs only curl, sha256sum and python3's standard library: no venv, no torch. The file's URL
+# comes from the package index's JSON simple API (PEP 691); the index's own sha256 must equal
+# the table's before anything is downloaded. PIP_INDEX_URL (a PEP 503/691 index) moves the index.
 #
 # Why an sdist and not GitHub's tag archive: vLLM's setup.py takes its version from setuptools-scm,
 # which finds none in a tag archive (no .git, no PKG-INFO): "unable to detect version".
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 version=${1:?usage: vllm-sdist.sh VERSION}
-sha=$(python3 "$here/scripts/xpu_recipe.py" show "$version" \
-      | python3 -c 'import json,sys; print(json.load(sys.stdin)["sdist_sha256"])')
+sha=$(python3 "$here/scripts/xpu_recipe.py" field "$version" sdist_sha256) || exit 64
 cache=${VLLM_INTEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-intel}/sdists
-out="$cache/vllm-$version.tar.gz"
+name="vllm-$version.tar.gz"
+out="$cache/$name"
+index=${PIP_INDEX_URL:-https://pypi.org/simple}
 mkdir -p "$cache"
 exec 9>"$cache/.lock-$version"
 flock 9
 if [ -f "$out" ] && echo "$sha  $out" | sha256sum -c --quiet --status; then echo "$out"; exit 0; fi
 
-# pip prepares the sdist's metadata before it keeps the file, by running vLLM's setup.py: that
-# imports torch and needs setuptools-scm/-rust, so it runs without build isolation in the default
-# vLLM venv (requirements-test.txt). VLLM_TARGET_DEVICE=empty + VLLM_VERSION_OVERRIDE make setup.py
-# report exactly VERSION (else VERSION+empty or +cpu, which pip rejects as inconsistent).
-py=${SDIST_PYTHON:-$("$here/scripts/vllm-venv.sh")/bin/python}
+url=$(curl -fsSL --retry 3 -H 'Accept: application/vnd.pypi.simple.v1+json' "${index%/}/vllm/" \
+  | python3 -c '
+import json, sys
+name, sha = sys.argv[1:]
+files = [f for f in json.load(sys.stdin)["files"] if f["filename"] == name]
+if not files:
+    sys.exit(f"vllm-sdist: the index lists no {name}")
+got = files[0]["hashes"].get("sha256")
+if got != sha:
+    sys.exit(f"vllm-sdist: the index says {name} has sha256 {got}, the table {sha}")
+print(files[0]["url"])' "$name" "$sha")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "vllm==$version --hash=sha256:$sha" >"$tmp/requirements.txt"
-echo "vllm-sdist: downloading vllm $version (sdist, sha256 $sha)" >&2
-VLLM_TARGET_DEVICE=empty VLLM_VERSION_OVERRIDE="$version" "$py" -m pip download -q --no-deps \
-  --no-binary :all: --no-build-isolation --require-hashes -r "$tmp/requirements.txt" -d "$tmp" >&2
-mv "$tmp/vllm-$version.tar.gz" "$out"
+echo "vllm-sdist: downloading $name (sha256 $sha)" >&2
+curl -fsSL --retry 3 -o "$tmp/$name" "$url"
+echo "$sha  $tmp/$name" | sha256sum -c --quiet -
+mv "$tmp/$name" "$out"
 echo "$out"

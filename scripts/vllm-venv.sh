@@ -29,7 +29,7 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 # Test/lint tools: re-synced whenever requirements-test.txt or requirements-lint.txt changes.
-req_sum=$(cat "$here/requirements-test.txt" "$here/requirements-lint.txt" | sha256sum | cut -c1-16)
+req_sum=$("$here/scripts/requirements-stamp.sh" "$here")
 if [ "$(cat "$venv/.vllm-intel-req" 2>/dev/null)" != "$req_sum" ]; then
   "$venv/bin/pip" install -q -r "$here/requirements-test.txt" >&2
   echo "$req_sum" > "$venv/.vllm-intel-req"

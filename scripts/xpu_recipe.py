@@ -6,6 +6,7 @@
   xpu_recipe.py route VERSION                 the route a user should take: upstream | source
   xpu_recipe.py build-args VERSION [ROUTE]    `docker build` arguments, one per line
   xpu_recipe.py show VERSION                  the release's table as JSON
+  xpu_recipe.py field VERSION NAME            one field of it (a list: one item per line)
 
 Exit 64 with one line on stderr for an unknown release, an impossible route or a malformed table.
 Only the standard library (tomllib: Python >= 3.11), so the build script can run it anywhere.
@@ -14,12 +15,17 @@ Only the standard library (tomllib: Python >= 3.11), so the build script can run
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import sys
 
 import tomllib
 
-TABLE = pathlib.Path(__file__).resolve().parent.parent / "docker" / "xpu-releases.toml"
+# XPU_RECIPE_TABLE: another table (the tests' altered copies).
+TABLE = pathlib.Path(
+    os.environ.get("XPU_RECIPE_TABLE")
+    or pathlib.Path(__file__).resolve().parent.parent / "docker" / "xpu-releases.toml"
+)
 ROUTES = ("upstream", "source")
 # field -> type; every release must have exactly these (a typo is an error, not a silent default).
 FIELDS = {
@@ -147,9 +153,14 @@ def main(argv: list[str]) -> int:
             print("\n".join(build_args(*rest)))
         elif cmd == "show" and len(rest) == 1:
             print(json.dumps(release(rest[0]), indent=2))
+        elif cmd == "field" and len(rest) == 2:
+            value = release(rest[0]).get(rest[1])
+            if value is None:
+                raise RecipeError(f"no field {rest[1]!r}; fields: {', '.join(FIELDS)}")
+            print("\n".join(value) if isinstance(value, list) else value)
         else:
             raise RecipeError(
-                "usage: xpu_recipe.py versions|default|route V|build-args V [ROUTE]|show V"
+                "usage: xpu_recipe.py versions|default|route V|build-args V [ROUTE]|show V|field V NAME"
             )
     except (RecipeError, tomllib.TOMLDecodeError) as e:
         print(f"xpu_recipe: {e}", file=sys.stderr)

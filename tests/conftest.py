@@ -60,3 +60,28 @@ def venv_python(vllm_venv):
         )
 
     return run
+
+
+def _whole_suite(config: pytest.Config) -> bool:
+    """`make test` as CI runs it: the default paths, the default marker selection, no -k."""
+    default_marks = "not soak and not xpu_image"
+    return (
+        config.args_source == pytest.Config.ArgsSource.TESTPATHS
+        and not config.option.keyword
+        and config.option.markexpr == default_marks
+    )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A whole-suite run fails if a shipped script (docker/, .buildkite/steps/) never ran."""
+    from tests.harness import scripts_run
+
+    if not _whole_suite(session.config):
+        return
+    missing = sorted(scripts_run.shipped() - scripts_run.SEEN)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if missing:
+        reporter.write_line(f"FAILED: shipped scripts no test ran: {' '.join(missing)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    else:
+        reporter.write_line(f"every shipped script ran ({len(scripts_run.SEEN)} seen)")

@@ -6,7 +6,9 @@
 #   4. the container tests from the host (`make test`, as .ci/run does), which also run the
 #      kubelet-style termination of the Kubernetes manifest
 # Environment: VLLM_VERSION, WHEELS_DIR, CA_BUNDLE (as scripts/build-image.sh); PYTEST_ARGS for 4
-# (default: the Docker tests only; 2 runs the rest); SKIP_IN_IMAGE_TESTS=1 skips 2.
+# (default: the Docker tests only; 2 runs the rest); SKIP_IN_IMAGE_TESTS=1 skips 2; IN_IMAGE_ARGS
+# replaces 2's pytest arguments (default: the test image's CMD); HOST_TESTS=0 skips 4 (`make test`
+# runs this step with it: 4 is `make test` itself).
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 setup_step
@@ -29,7 +31,8 @@ if [ "${SKIP_IN_IMAGE_TESTS:-0}" != 1 ]; then
   if [ -n "${WHEELS_DIR:-}" ]; then
     run_args+=(-v "$WHEELS_DIR:/run/ci/wheels:ro" -e PIP_FIND_LINKS=/run/ci/wheels)
   fi
-  network_retryable "$DOCKER" run "${run_args[@]}" "$image-test"
+  # shellcheck disable=SC2086  # IN_IMAGE_ARGS: pytest arguments, split on blanks
+  network_retryable "$DOCKER" run "${run_args[@]}" "$image-test" ${IN_IMAGE_ARGS:-}
 fi
 
 section ":fire: smoke test $image"
@@ -37,5 +40,7 @@ section ":fire: smoke test $image"
 # host's memory free and fails on a shared agent.
 .buildkite/steps/smoke.sh "$image" -e VLLM_CPU_KVCACHE_SPACE=1
 
-section ":pytest: container tests (make test)"
-make test PYTEST_ARGS="${PYTEST_ARGS:--m docker -ra}"
+if [ "${HOST_TESTS:-1}" != 0 ]; then
+  section ":pytest: container tests (make test)"
+  make test PYTEST_ARGS="${PYTEST_ARGS:--m docker -ra}"
+fi

@@ -42,8 +42,20 @@ _cleanup() {
   exit "$rc"
 }
 
+# The agents' registry login (pipeline.yml's header): pulls of the base images and of upstream's
+# ~10 GB XPU image are rate-limited when anonymous. The password goes on stdin, never in argv.
+registry_login() {
+  if [ -z "${REGISTRY_USER:-}" ] || [ -z "${REGISTRY_PASSWORD:-}" ]; then
+    echo "registry: REGISTRY_USER/REGISTRY_PASSWORD not set: pulls are anonymous (rate-limited)" >&2
+    return 0
+  fi
+  printf '%s' "$REGISTRY_PASSWORD" \
+    | "$DOCKER" login --username "$REGISTRY_USER" --password-stdin ${REGISTRY:+"$REGISTRY"} >/dev/null
+}
+
 setup_step() {  # what every top-level step does first
   use_engine
+  registry_login
   trap _cleanup EXIT
   trap 'exit 130' INT TERM
   # Agents without the PyTorch CPU index keep the torch wheel on disk (as CI machines do).

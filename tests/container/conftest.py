@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from tests.harness import DEFAULT_VLLM, ROOT, build_image, docker, free_port
+from tests.harness import DEFAULT_VLLM, ROOT, build_image, docker, free_port, scripts_run
 from vllm_intel.supervisor import settings
 
 
@@ -37,9 +37,24 @@ def _build(accelerator: str, version: str, target: str = "runtime") -> str:
     out, took = build_image(accelerator, version, target)
     if out.returncode != 0:
         pytest.fail(f"build-image.sh {accelerator} ({version}) failed:\n{out.stderr[-6000:]}")
+    scripts_run.ran_in_build(out.stderr)
+    _LOGS[(accelerator, version, target)] = out.stderr
     print(f"built {accelerator} {version} {target} in {took:.0f} s")
+    if accelerator == "xpu-stand-in":
+        return f"vllm/vllm-openai-xpu:v{version}"
     suffix = "" if target == "runtime" else f"-{target}"
     return f"vllm-intel:{accelerator}-{version}{suffix}"
+
+
+_LOGS: dict[tuple[str, str, str], str] = {}
+
+
+@pytest.fixture(scope="session")
+def xpu_image(docker_host):
+    """Tag of the default release's XPU runtime image, built by its upstream route on the stand-in
+    of upstream's image (tests/standins), and the build's log (check-xpu-image.sh's lines)."""
+    stand_in = _build("xpu-stand-in", DEFAULT_VLLM)
+    return _build("xpu", DEFAULT_VLLM), _LOGS[("xpu", DEFAULT_VLLM, "runtime")], stand_in
 
 
 @pytest.fixture(scope="session")

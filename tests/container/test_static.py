@@ -154,7 +154,6 @@ def test_upstream_wheel_url_is_upstreams_documented_one():
     sdist = (
         subprocess.run(
             ["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), DEFAULT_VLLM],
-            env=dict(os.environ, SDIST_PYTHON=sys.executable),
             check=True,
             capture_output=True,
             text=True,
@@ -173,3 +172,21 @@ def test_upstream_wheel_url_is_upstreams_documented_one():
     assert {u.replace("${VLLM_VERSION}", "V") for u in theirs} == {
         ours.replace("${VLLM_VERSION}", "V")
     }
+
+
+@pytest.mark.parametrize("acc", ["cpu", "xpu"])
+def test_test_stage_mounts_every_requirements_file_and_stamps_like_the_venv_script(acc):
+    """The test stage's pip install reads requirements-test.txt, whose `-r` lines name other files:
+    each must be mounted next to it. Its stamp comes from the one formula scripts/vllm-venv.sh
+    uses (scripts/requirements-stamp.sh), so conftest never reinstalls the tools in the image."""
+    test_stage = [i["value"] for i in stage_instrs(acc, "test") if i["instruction"] == "RUN"]
+    install = next(v for v in test_stage if "requirements-test.txt" in v)
+    wanted = {"requirements-test.txt"} | set(
+        re.findall(r"^-r\s+(\S+)", (ROOT / "requirements-test.txt").read_text(), re.M)
+    )
+    mounted = set(re.findall(r"source=(requirements-[\w-]+\.txt)", install))
+    assert wanted <= mounted, wanted - mounted
+    assert any("scripts/requirements-stamp.sh /src" in v for v in test_stage), test_stage
+    assert (
+        '"$here/scripts/requirements-stamp.sh"' in (ROOT / "scripts" / "vllm-venv.sh").read_text()
+    )

@@ -3,6 +3,7 @@ project's scripts (one copy of each command), and the retry-on-network-error con
 
 from __future__ import annotations
 
+import functools
 import re
 import subprocess
 import sys
@@ -57,8 +58,6 @@ def test_step_commands_are_scripts_or_make_targets():
     assert queues[".buildkite/steps/xpu.sh"] == "intel-gpu"
     # Building the XPU image needs network, not a GPU: it runs on CPU agents, before the GPU step.
     assert queues[".buildkite/steps/xpu-build.sh"] == "intel-cpu"
-    by_key = {s["key"]: s for s in steps() if "key" in s}
-    assert by_key["xpu"]["depends_on"] == "xpu-build"
     # The soak runs nightly (scheduled builds), not on every push.
     soak = next(s for s in steps() if s["command"] == ".buildkite/steps/soak.sh")
     assert soak["agents"]["queue"] == "intel-cpu" and "schedule" in soak["if"]
@@ -82,14 +81,46 @@ def test_step_scripts_parse_and_reuse_project_scripts(script):
 
 
 def test_xpu_jobs_cover_every_release_of_the_recipe_table():
-    """One XPU build job and one GPU job per release of docker/xpu-releases.toml."""
+    """One XPU build step and one GPU step per release of docker/xpu-releases.toml; each GPU step
+    waits for its own release's build only (a failed build of one release blocks no other)."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import xpu_recipe
 
-    for key in ("xpu-build", "xpu"):
-        step = next(s for s in steps() if s.get("key") == key)
-        assert step["matrix"] == xpu_recipe.versions(), key
-        assert step["env"]["VLLM_VERSION"] == "{{matrix}}", key
+    by_script: dict[str, dict[str, dict]] = {}
+    for step in steps():
+        if step["command"] in (".buildkite/steps/xpu-build.sh", ".buildkite/steps/xpu.sh"):
+            by_script.setdefault(step["command"], {})[step["env"]["VLLM_VERSION"]] = step
+    builds, gpus = by_script[".buildkite/steps/xpu-build.sh"], by_script[".buildkite/steps/xpu.sh"]
+    assert list(builds) == list(gpus) == xpu_recipe.versions()
+    for version in xpu_recipe.versions():
+        assert gpus[version]["depends_on"] == builds[version]["key"], version
+        assert version in builds[version]["label"] and version in gpus[version]["label"]
+
+
+def test_registry_login_uses_the_agents_secret(tmp_path):
+    """With REGISTRY_USER/REGISTRY_PASSWORD the step logs in (password on stdin, never on the
+    command line); without them it says pulls are anonymous and goes on."""
+    shim = tmp_path / "docker"
+    shim.write_text('#!/bin/sh\necho "$*" >>"$0.calls"; cat >>"$0.stdin"\n')
+    shim.chmod(0o755)
+    base = {"PATH": "/usr/bin:/bin", "VLLM_INTEL_CI_LOGS": str(tmp_path), "DOCKER": str(shim)}
+    run = functools.partial(
+        subprocess.run,
+        ["bash", "-c", f'source "{STEPS}/lib.sh"; registry_login'],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    r = run(env=base)
+    assert r.returncode == 0 and "anonymous" in r.stderr and not shim.with_suffix(".calls").exists()
+    r = run(
+        env=dict(base, REGISTRY_USER="ci-bot", REGISTRY_PASSWORD="s3cret", REGISTRY="reg.example")
+    )
+    assert r.returncode == 0, r.stderr
+    calls = (tmp_path / "docker.calls").read_text()
+    assert calls == "login --username ci-bot --password-stdin reg.example\n"
+    assert (tmp_path / "docker.stdin").read_text() == "s3cret"
+    assert "registry_login" in (STEPS / "lib.sh").read_text().split("setup_step()", 1)[1]
 
 
 def test_network_errors_map_to_the_retried_exit_status(tmp_path):

@@ -83,27 +83,63 @@ def _run(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
 
 
+STAND_IN_LIST = pathlib.Path("/etc/vllm-intel/stand-in")
+
+
+def stand_in(name: str) -> None:
+    """Skip, saying so, where the image is a stand-in of upstream's (tests/standins) that cannot
+    show `name`: such a check is not verified here, and is not counted as passed."""
+    if STAND_IN_LIST.exists():
+        for line in STAND_IN_LIST.read_text().splitlines():
+            if line.split(maxsplit=1)[:1] == [name]:
+                pytest.skip(f"stand-in: {line}")
+
+
+def _py(code: str) -> subprocess.CompletedProcess:
+    return _run(sys.executable, "-c", code)
+
+
 @pytest.mark.xpu_image
 @in_image
-def test_xpu_stack_imports_and_counts_devices_without_crashing():
-    r = _run(
-        sys.executable,
-        "-c",
-        "import torch, vllm, vllm_xpu_kernels._C; "
-        "print(torch.__version__, torch.version.xpu, torch.xpu.device_count())",
+def test_torch_is_the_tables_xpu_build():
+    stand_in("torch-xpu")
+    r = _py("import torch; print(torch.__version__, torch.version.xpu)")
+    assert r.returncode == 0, r.stderr[-3000:]
+    torch_version, xpu = r.stdout.split()
+    assert torch_version == xpu_recipe.release(installed_vllm())["torch"] + "+xpu", r.stdout
+    assert xpu != "None", r.stdout
+
+
+@pytest.mark.xpu_image
+@in_image
+def test_xpu_device_count_answers_without_crashing():
+    r = _py("import torch; print(torch.xpu.device_count())")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert int(r.stdout) >= 1 if HAS_GPU else int(r.stdout) == 0, r.stdout
+
+
+@pytest.mark.xpu_image
+@in_image
+def test_xpu_kernels_are_the_tables_and_load():
+    stand_in("xpu-kernels")
+    r = _py(
+        "import importlib.metadata as m, vllm_xpu_kernels._C; print(m.version('vllm_xpu_kernels'))"
     )
     assert r.returncode == 0, r.stderr[-3000:]
-    torch_version, xpu, count = r.stdout.split()
-    rel = xpu_recipe.release(installed_vllm())
-    assert torch_version == rel["torch"] + "+xpu" and xpu != "None", r.stdout
-    assert int(count) >= 1 if HAS_GPU else int(count) == 0, r.stdout
+    assert r.stdout.strip() == xpu_recipe.release(installed_vllm())["xpu_kernels"], r.stdout
 
 
 @pytest.mark.xpu_image
 @in_image
-def test_vllm_cli_says_xpu_and_level_zero_headers_are_there():
-    r = _run("vllm", "--version")
-    assert r.returncode == 0 and r.stdout.strip().endswith("+xpu"), r.stdout + r.stderr[-2000:]
+def test_vllm_is_the_xpu_build_and_level_zero_headers_are_there():
+    """vLLM's metadata says X+xpu (its __version__ is the plain X). `vllm --version` itself needs a
+    device: without one vLLM cannot infer its platform and exits 1, so it is asked only on a GPU."""
+    import importlib.metadata as md
+
+    assert md.version("vllm").endswith("+xpu"), md.version("vllm")
+    if HAS_GPU:
+        r = _run("vllm", "--version")
+        assert r.returncode == 0 and r.stdout.strip().endswith("+xpu"), r.stdout + r.stderr[-2000:]
     include = ["/usr/include", *filter(None, os.environ.get("CPATH", "").split(":"))]
     assert any((pathlib.Path(d) / "level_zero" / "ze_api.h").exists() for d in include), include
 

@@ -1,0 +1,110 @@
+"""The Buildkite steps (.buildkite/steps/), run here as an agent runs them, to the end.
+
+- cpu.sh (= `make buildkite-local`): runtime and test images, tests inside the test image (a
+  short selection here: IN_IMAGE_ARGS; the agent runs the image's whole CMD), the smoke test
+  (serve, request, stop, restart, request, stop). Its step 4 is `make test` itself: HOST_TESTS=0.
+- xpu-build.sh for the default release: on the stand-in of upstream's XPU image (the agent pulls
+  the real one); the in-image xpu_image tests report what the stand-in cannot show as skipped
+  with "stand-in: ...".
+- xpu.sh: without /dev/dri it stops at its first check; past it, it runs xpu-lib.sh's functions
+  and smoke.sh, which the two steps above run. The GPU part only a GPU agent can show.
+- soak.sh: `make soak` with CYCLES=3 (a drained stop, a crash, the start after it); nightly: 20.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tarfile
+import uuid
+
+import pytest
+
+from tests.harness import DEFAULT_VLLM, DOCKER, ROOT, scripts_run
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+LIB = (".buildkite/steps/lib.sh",)
+
+
+def step(script: str, timeout: float, **env: str) -> subprocess.CompletedProcess:
+    r = subprocess.run(
+        ["bash", f".buildkite/steps/{script}"],
+        cwd=ROOT,
+        env=dict(os.environ, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    scripts_run.ran_in_build(r.stdout)
+    return r
+
+
+def image_secrets(image: str, canary: bytes) -> list[str]:
+    """Files in any layer of `image` (not only its final filesystem) named *.env (but
+    .env.example) or holding `canary`."""
+    found = []
+    save = subprocess.Popen([DOCKER, "save", image], stdout=subprocess.PIPE)
+    with tarfile.open(fileobj=save.stdout, mode="r|") as outer:
+        for layer in outer:
+            if not (layer.isfile() and layer.name.endswith("layer.tar")):
+                continue
+            with tarfile.open(fileobj=outer.extractfile(layer), mode="r|") as tf:
+                for m in tf:
+                    base = m.name.rsplit("/", 1)[-1]
+                    if base.endswith(".env") and base != ".env.example":
+                        found.append(f"{layer.name}: {m.name}")
+                    elif m.isfile() and m.size < 8 << 20 and canary in tf.extractfile(m).read():
+                        found.append(f"{layer.name}: {m.name} (the canary)")
+    assert save.wait() == 0
+    return found
+
+
+def test_cpu_step_runs_to_the_end_and_bakes_no_secret(cpu_image):
+    """Env files beside the checkout (where the docs put hf.env with HF_TOKEN) reach no layer of
+    the images the step builds: two canary files are planted in the build context first."""
+    cpu_image()  # built (and its build log read) once for the whole session
+    token = f"HF_TOKEN=hf_canary{uuid.uuid4().hex}"
+    planted = [ROOT / f"canary-{os.getpid()}.env", ROOT / "tests" / f"canary-{os.getpid()}.env"]
+    try:
+        for path in planted:
+            path.write_text(token + "\n")
+        r = step(
+            "cpu.sh",
+            1800,
+            HOST_TESTS="0",
+            IN_IMAGE_ARGS="-q tests/supervisor/test_units.py tests/patches/test_framework.py",
+        )
+    finally:
+        for path in planted:
+            path.unlink(missing_ok=True)
+    assert r.returncode == 0, r.stdout[-6000:]
+    for image in (f"vllm-intel:cpu-{DEFAULT_VLLM}", f"vllm-intel:cpu-{DEFAULT_VLLM}-test"):
+        assert image_secrets(image, token.encode()) == [], image
+    assert " passed" in r.stdout and "smoke: vllm-intel:cpu-" in r.stdout, r.stdout[-3000:]
+    assert "passed (serve, request, stop, restart, request, stop)" in r.stdout
+    scripts_run.ran(".buildkite/steps/cpu.sh", ".buildkite/steps/smoke.sh", *LIB)
+
+
+def test_xpu_build_step_runs_on_the_stand_in(xpu_image):
+    r = step("xpu-build.sh", 1800)
+    assert r.returncode == 0, r.stdout[-6000:]
+    tail = r.stdout[r.stdout.rindex("xpu_image tests inside") :]
+    assert " passed" in tail and "failed" not in tail, tail[-3000:]
+    assert "SKIPPED" in tail and "stand-in: torch-xpu" in tail, tail[-3000:]
+    scripts_run.ran(".buildkite/steps/xpu-build.sh", ".buildkite/steps/xpu-lib.sh", *LIB)
+
+
+def test_gpu_step_without_a_gpu_says_so():
+    r = step("xpu.sh", 300)
+    assert r.returncode == 1, r.stdout[-3000:]
+    assert "xpu: no /dev/dri/renderD* on this agent (wrong queue?)" in r.stdout
+    scripts_run.ran(".buildkite/steps/xpu.sh")
+
+
+def test_soak_step_three_cycles(cpu_image):
+    cpu_image()
+    r = step("soak.sh", 1200, CYCLES="3")
+    assert r.returncode == 0, r.stdout[-6000:]
+    assert "summary: 3 cycles" in r.stdout, r.stdout[-3000:]
+    scripts_run.ran(".buildkite/steps/soak.sh", *LIB)

@@ -1,0 +1,43 @@
+#!/bin/bash
+# The stand-in's one install step (tests/standins/Dockerfile.upstream-xpu): the venv, CPU torch
+# in place of XPU torch, vLLM's common requirements, vLLM built for XPU from the sdist, the
+# table's vllm_xpu_kernels and oneAPI runtime wheels, and the list of what stands in.
+# Env: VLLM_VERSION, VLLM_SDIST_SHA256, XPU_KERNELS_VERSION, XPU_ONEAPI_PIP, STAND_IN_TORCH.
+set -euo pipefail
+: "${VLLM_VERSION:?}" "${VLLM_SDIST_SHA256:?}" "${XPU_KERNELS_VERSION:?}" "${STAND_IN_TORCH:?}"
+# PyTorch's XPU index is upstream's setting for the image's users; nothing here comes from it.
+export PIP_EXTRA_INDEX_URL=
+sdist=/tmp/sdist/vllm-$VLLM_VERSION.tar.gz
+echo "$VLLM_SDIST_SHA256  $sdist" | sha256sum -c -
+tar -xzf "$sdist" -C /workspace/vllm --strip-components=1
+python3 -m venv /opt/venv
+pip=/opt/venv/bin/pip
+"$pip" install -q --upgrade pip
+links=()
+if ls /tmp/wheels/*.whl >/dev/null 2>&1; then links=(--find-links /tmp/wheels); fi
+# requirements/xpu.txt (it includes common.txt and vLLM's build requirements) minus what is
+# not on PyPI for this machine: its extra indexes, XPU torch and its companions, Triton for XPU,
+# the kernels (installed below without their torch pin).
+grep -vE '^(--extra-index-url|torch|triton|vllm_xpu_kernels|vllm-xpu-kernels)' requirements/xpu.txt \
+  >requirements/xpu-stand-in.txt
+"$pip" install -q "${links[@]}" "torch==$STAND_IN_TORCH" -r requirements/xpu-stand-in.txt
+rm requirements/xpu-stand-in.txt
+VLLM_TARGET_DEVICE=xpu "$pip" install -q --no-build-isolation --no-deps .
+# The pins upstream installs after vLLM: from PyPI, as pip resolves them; --no-deps so that the
+# kernels' torch pin does not replace the CPU torch standing in.
+# shellcheck disable=SC2086  # a list of requirement specifiers
+if [ -n "${XPU_ONEAPI_PIP:-}" ]; then "$pip" install -q --no-deps $XPU_ONEAPI_PIP; fi
+# Some releases take their kernels from a GitHub asset that PyPI does not carry under that version.
+kernels="vllm_xpu_kernels $XPU_KERNELS_VERSION from PyPI cannot load without torch built with XPU"
+if ! "$pip" install -q --no-deps "vllm_xpu_kernels==$XPU_KERNELS_VERSION"; then
+  kernels="vllm_xpu_kernels $XPU_KERNELS_VERSION is not on PyPI (upstream installs it from its GitHub release)"
+fi
+# Like vLLM's CPU install: these arrive as CUDA builds and break imports on a CPU-only torch.
+"$pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
+mkdir -p /etc/vllm-intel
+cat >/etc/vllm-intel/stand-in <<EOF_LIST
+torch-xpu torch $STAND_IN_TORCH (CPU build) stands in for PyTorch's XPU build
+xpu-kernels $kernels
+python Debian's Python $(/opt/venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])') stands in for upstream's 3.12
+level-zero Debian's libze-dev stands in for the table's Level Zero .deb
+EOF_LIST
