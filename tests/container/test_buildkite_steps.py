@@ -3,9 +3,9 @@
 - cpu.sh (= `make buildkite-local`): runtime and test images, tests inside the test image (a
   short selection here: IN_IMAGE_ARGS; the agent runs the image's whole CMD), the smoke test
   (serve, request, stop, restart, request, stop). Its step 4 is `make test` itself: HOST_TESTS=0.
-- xpu-build.sh for the default release: on the stand-in of upstream's XPU image (the agent pulls
-  the real one); the in-image xpu_image tests report what the stand-in cannot show as skipped
-  with "stand-in: ...".
+- xpu-build.sh for every release upstream publishes an image of: on a stand-in of that image (the
+  agent pulls the real one); the in-image xpu_image tests report what the stand-in cannot show as
+  skipped with "stand-in: ...".
 - xpu.sh: without /dev/dri it stops at its first check; past it, it runs xpu-lib.sh's functions
   and smoke.sh, which the two steps above run. The GPU part only a GPU agent can show.
 - soak.sh: `make soak` with CYCLES=3 (a drained stop, a crash, the start after it); nightly: 20.
@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import tarfile
 import uuid
 
 import pytest
 
-from tests.harness import DEFAULT_VLLM, DOCKER, ROOT, scripts_run
+from tests.harness import DEFAULT_VLLM, DOCKER, ROOT, build_image, scripts_run
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import xpu_recipe  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 LIB = (".buildkite/steps/lib.sh",)
@@ -86,8 +90,23 @@ def test_cpu_step_runs_to_the_end_and_bakes_no_secret(cpu_image):
     scripts_run.ran(".buildkite/steps/cpu.sh", ".buildkite/steps/smoke.sh", *LIB)
 
 
-def test_xpu_build_step_runs_on_the_stand_in(xpu_image):
-    r = step("xpu-build.sh", 1800)
+# The releases upstream publishes an XPU image of: their xpu-build step runs here on a stand-in.
+# The others (source route) have no image to stand in for: test_xpu_source_route.py runs their
+# scripts on recording shims; building them to the end needs a Buildkite agent.
+UPSTREAM_ROUTE = [
+    v
+    for v in xpu_recipe.versions()
+    if xpu_recipe.default_route(xpu_recipe.release(v)) == "upstream"
+]
+
+
+@pytest.mark.parametrize("version", UPSTREAM_ROUTE)
+def test_xpu_build_step_runs_on_the_stand_in(xpu_image, version):
+    if version != DEFAULT_VLLM:  # the default release's stand-in comes with the fixture
+        built, _ = build_image("xpu-stand-in", version)
+        assert built.returncode == 0, built.stderr[-5000:]
+        scripts_run.ran_in_build(built.stderr)
+    r = step("xpu-build.sh", 1800, VLLM_VERSION=version)
     assert r.returncode == 0, r.stdout[-6000:]
     tail = r.stdout[r.stdout.rindex("xpu_image tests inside") :]
     assert " passed" in tail and "failed" not in tail, tail[-3000:]
