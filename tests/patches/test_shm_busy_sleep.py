@@ -103,7 +103,10 @@ def test_readers_wait_for_the_writer_instead_of_spinning(vllm_venv, version):
 
 UPSTREAM_SOURCE = """
 import json, vllm_intel.patches.shm_busy_sleep as m
-m.module_source = lambda name: "class SpinCondition: VLLM_SHM_BROADCAST_BUSY_SLEEP_S = 0"
+m.module_source = lambda name: (
+    "class SpinCondition:\\n    def wait(self):\\n"
+    "        pause = envs.VLLM_SHM_BROADCAST_BUSY_SLEEP_S\\n"
+)
 print(json.dumps(dict(state=m.PATCH.apply(), reason=m.PATCH.reason)))
 """
 ONLY_APPLY = """

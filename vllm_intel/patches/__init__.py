@@ -22,6 +22,7 @@ from ._base import (
     DISABLED,
     FAILED,
     NOT_APPLICABLE,
+    UNTESTED,
     UPSTREAM,
     Patch,
     PatchConfigError,
@@ -39,6 +40,7 @@ __all__ = [
     "NOT_APPLICABLE",
     "FAILED",
     "DISABLED",
+    "UNTESTED",
 ]
 
 # A child of vLLM's logger, so the line gets vLLM's format and "(EngineCore pid=..)" prefix.
@@ -76,8 +78,9 @@ def apply_all(env=os.environ) -> tuple[list[Patch], PatchConfigError | None]:
     enabled, disabled, error = registry.select(env)
     for p in disabled:
         p.disable()
+    untested_ok = registry.allow_untested(env)
     for p in enabled:
-        p.apply()
+        p.apply(untested_ok)
     return enabled + disabled, error
 
 

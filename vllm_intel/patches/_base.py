@@ -3,9 +3,15 @@
 A patch is one object (module attribute ``PATCH``) with:
 
 * ``name``      stable, user-facing name (used in ``INTEL_VLLM_PATCHES*`` and in the log line);
+* ``tested``    the vLLM releases the patch was tested on, a PEP 440 specifier
+  (``">=0.27.1,<=0.32.0"``), compared with the installed vLLM's version without its local
+  suffix (``0.32.0+cpu`` -> ``0.32.0``). Outside it ``apply()`` leaves the patch out (state
+  ``untested``) unless ``INTEL_VLLM_PATCHES_UNTESTED=1``; ``lifecycle`` patches (process exit
+  and the like) are never left out for it, their reason only says so. Without vLLM installed
+  there is no range to compare with: ``check()`` decides;
 * ``check()``   decides by inspecting the running code and platform whether the patch is needed;
   returns ``(NEEDED, why)`` or ``(UPSTREAM | NOT_APPLICABLE, why)``;
-* ``apply()``   idempotent; runs ``check()`` and, when needed, ``_apply()``; never raises
+* ``apply()``   idempotent; checks ``tested``, then runs ``check()`` and, when needed, ``_apply()``; never raises
   (a failure becomes state ``failed`` with its reason);
 * ``revert()``  restores every attribute ``_apply()`` replaced, in reverse order;
 * ``status()``  ``(name, state, reason)``.
@@ -13,13 +19,19 @@ A patch is one object (module attribute ``PATCH``) with:
 
 from __future__ import annotations
 
+import ast
 import importlib.util
+import os
+import sys
+import textwrap
+from collections.abc import Iterator
 
 APPLIED = "applied"  # this process now runs the patched code
 UPSTREAM = "upstream"  # the installed code already carries the fix
 NOT_APPLICABLE = "not-applicable"  # the fix is not needed on this platform / installation
 FAILED = "failed"  # needed, but applying it raised (reason says why)
 DISABLED = "disabled"  # left out by INTEL_VLLM_PATCHES / INTEL_VLLM_PATCHES_DISABLE
+UNTESTED = "untested"  # the installed vLLM is outside the patch's tested range (not applied)
 NEEDED = "needed"  # check() only: apply() would change something
 PENDING = "pending"  # not applied/checked yet in this process
 
@@ -36,6 +48,8 @@ class PatchFailedError(RuntimeError):
 
 class Patch:
     name: str = ""
+    tested: str = ""  # PEP 440 specifier of the vLLM releases the tests run this patch on
+    lifecycle: bool = False  # a process-lifecycle patch: applied outside its range too
 
     def __init__(self) -> None:
         self.state = PENDING
@@ -51,14 +65,38 @@ class Patch:
         raise NotImplementedError
 
     # -- shared behaviour -------------------------------------------------------------------
-    def apply(self) -> str:
+    def outside_range(self) -> str | None:
+        """None when the installed vLLM is in ``tested`` (or there is no vLLM, or no range);
+        otherwise why not, e.g. "vLLM 0.33.0 is outside the tested range >=0.27.1,<=0.32.0"."""
+        if not self.tested:
+            return None
+        version = vllm_version()
+        if version is None:
+            return None
+        return outside(version, self.tested)
+
+    def apply(self, allow_untested: bool | None = None) -> str:
+        """``allow_untested`` None: read ``INTEL_VLLM_PATCHES_UNTESTED`` from the environment."""
         if self.state == APPLIED:
             return self.state
         try:
+            untested = self.outside_range()
+            if untested and not self.lifecycle:
+                if allow_untested is None:
+                    from .registry import allow_untested as env_allows
+
+                    allow_untested = env_allows(os.environ)
+                if not allow_untested:
+                    self.state = UNTESTED
+                    self.reason = f"{untested} ({_untested_env()}=1 applies it anyway)"
+                    return self.state
             state, reason = self.check()
             if state == NEEDED:
                 reason = self._apply() or reason
                 state = APPLIED
+            if untested:
+                why = "lifecycle patch" if self.lifecycle else f"{_untested_env()}=1"
+                reason = f"{reason} (untested: {untested}; {why})"
         except Exception as exc:  # a patch must never break vLLM start-up by itself
             self.revert()
             state, reason = FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -138,3 +176,145 @@ def code_source(modname: str, qualname: str) -> str | None:
         return inspect.getsource(obj)
     except (ImportError, AttributeError, OSError, TypeError):
         return None
+
+
+def _untested_env() -> str:
+    from .registry import UNTESTED_ENV
+
+    return UNTESTED_ENV
+
+
+# -- the tested range ------------------------------------------------------------------------------
+
+
+def vllm_version() -> str | None:
+    """The version of the vLLM this process imports (None: no vLLM), without importing it: the
+    imported module's ``__version__`` or the ``__version__`` assigned in its ``_version.py``
+    (the wheel's and the sdist's; a vLLM on ``PYTHONPATH`` counts, not the installed dist);
+    "unknown" when neither says."""
+    mod = sys.modules.get("vllm")
+    version = getattr(mod, "__version__", None) if mod is not None else None
+    if isinstance(version, str) and version != "dev":
+        return version
+    try:
+        spec = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    for where in spec.submodule_search_locations or []:
+        try:
+            with open(os.path.join(where, "_version.py"), encoding="utf-8") as fh:
+                tree = ast.parse(fh.read())
+        except (OSError, SyntaxError, ValueError):
+            continue
+        for node in tree.body:  # ``__version__ = version = '0.32.0'`` (setuptools-scm)
+            if (
+                isinstance(node, ast.Assign)
+                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+                and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+            ):
+                return node.value.value
+    return "unknown"
+
+
+def outside(version: str, tested: str) -> str | None:
+    """None when ``version`` (its local suffix dropped) is in the specifier ``tested``."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        public = Version(version).public
+    except InvalidVersion:
+        return f"vLLM {version} (not a PEP 440 version) is outside the tested range {tested}"
+    if SpecifierSet(tested).contains(public, prereleases=True):
+        return None
+    return f"vLLM {public} is outside the tested range {tested}"
+
+
+# -- structure of installed code: AST, never the words in it -------------------------------------
+
+
+def parse(src: str) -> ast.Module:
+    """The AST of a function's or module's source (dedented: a method's source is indented)."""
+    return ast.parse(textwrap.dedent(src))
+
+
+def module_tree(modname: str) -> ast.Module | None:
+    src = module_source(modname)
+    return None if src is None else ast.parse(src)
+
+
+def code_tree(modname: str, qualname: str) -> ast.Module | None:
+    """AST of an installed function (see code_source); None when it does not exist."""
+    src = code_source(modname, qualname)
+    return None if src is None else parse(src)
+
+
+def find_def(tree: ast.AST, *path: str) -> ast.AST | None:
+    """The class/function named ``path[0]`` anywhere in ``tree``, then ``path[1]`` directly in
+    its body, ...; None when absent (``find_def(tree, "XPUWorker", "shutdown")``)."""
+    defs = (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    node = next((n for n in ast.walk(tree) if isinstance(n, defs) and n.name == path[0]), None)
+    for name in path[1:]:
+        if node is None:
+            return None
+        node = next((n for n in node.body if isinstance(n, defs) and n.name == name), None)
+    return node
+
+
+def dotted(node: ast.AST) -> str | None:
+    """``a.b.c`` for a chain of names and attributes, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    parts.append(node.id)
+    return ".".join(reversed(parts))
+
+
+def calls(tree: ast.AST) -> Iterator[ast.Call]:
+    return (n for n in ast.walk(tree) if isinstance(n, ast.Call))
+
+
+def calls_to(tree: ast.AST, name: str) -> list[ast.Call]:
+    """Calls of a function or method named ``name`` (``sched_yield()``, ``x.y.sched_yield()``)."""
+    out = []
+    for call in calls(tree):
+        func = call.func
+        last = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if last == name:
+            out.append(call)
+    return out
+
+
+def identifiers(tree: ast.AST) -> set[str]:
+    """Every name the code uses or defines: variables, attributes, functions, classes,
+    arguments, imported names (comments and string constants are not in the tree's names)."""
+    out: set[str] = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Name):
+            out.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            out.add(n.attr)
+        elif isinstance(n, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            out.add(n.name)
+        elif isinstance(n, ast.arg):
+            out.add(n.arg)
+        elif isinstance(n, ast.alias):
+            out.update(p for p in (n.name.split(".")[-1], n.asname) if p)
+        elif isinstance(n, ast.ImportFrom) and n.module:
+            out.update(n.module.split("."))
+    return out
+
+
+def stored_attributes(tree: ast.AST) -> set[str]:
+    """Attributes assigned to (``x.shutdown_timeout = 5``)."""
+    return {
+        n.attr
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    }

