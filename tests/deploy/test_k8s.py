@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from vllm_intel.supervisor import settings
 
@@ -22,6 +23,7 @@ from .manifests import (
     container,
     dockerfile_app_stage,
     env,
+    kubectl,
     one,
     pod_spec,
     prestop_seconds,
@@ -233,3 +235,45 @@ def test_standard_labels_and_selectors(overlay):
     ):
         assert selector.items() <= pod_labels.items()
         assert selector["app.kubernetes.io/instance"] == f"vllm-intel-{overlay}"
+
+
+def test_compose_vllm_services_are_hardened_like_the_pod():
+    """What the pod's securityContext drops, the compose services drop too."""
+    for name, svc in compose()["services"].items():
+        assert svc["cap_drop"] == ["ALL"], name
+        assert "no-new-privileges:true" in svc["security_opt"], name
+        assert int(compose_default(str(svc["pids_limit"]))) >= 1024, name
+
+
+def test_network_policy_example_renders_validates_and_selects_the_pods(tmp_path):
+    """The example component on the cpu overlay: strict-valid, it selects the Deployment's pods,
+    and the ports it lets in are the server's and the probe port the probes use."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{os.path.relpath(K8S / 'cpu', overlay)}]\n"
+        f"components: [{os.path.relpath(K8S / 'components' / 'network-policy', overlay)}]\n"
+    )
+    out = subprocess.run(
+        [kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "all.yaml").write_text(out.stdout)
+    check = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", str(tmp_path / "all.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0 and check.stdout.count("passed") == 4, check.stdout
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    policy, deploy = one(docs, "NetworkPolicy"), one(docs, "Deployment")
+    labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    allowed = {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]}
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    probe_ports = {c[p]["httpGet"]["port"] for p in ("readinessProbe", "livenessProbe")}
+    served = {p["containerPort"] for p in c["ports"]}
+    named = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert allowed == served | {named.get(p, p) for p in probe_ports}, (allowed, served)

@@ -120,7 +120,8 @@ def test_kubernetes_commands_match_the_overlay():
     docs = render("cpu-hub")
     dep = one(docs, "Deployment")
     spec = dep["spec"]["template"]["spec"]
-    token = {e["name"]: e for e in spec["containers"][0]["env"]}["HF_TOKEN"]["valueFrom"][
+    # The init container downloads, so it alone gets the token.
+    token = {e["name"]: e for e in spec["initContainers"][0]["env"]}["HF_TOKEN"]["valueFrom"][
         "secretKeyRef"
     ]
     kubectl = [w for _, w in of("kubectl")]

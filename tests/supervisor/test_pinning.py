@@ -11,8 +11,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
+import psutil
 import pytest
 
 from tests.harness import ROOT
@@ -179,3 +181,75 @@ def test_the_wait_sees_a_freeze_that_ends_before_it_does(stopped_s):
         assert stopped_s - pinning.WAKE_S - 0.3 < late < stopped_s + 0.5 and late > pinning.LATE_S
     else:
         assert late < 0.5
+
+
+class Recycled(psutil.Process):
+    """A handle whose process is gone and whose pid now names another (is_running() compares
+    the create time: here it never matches)."""
+
+    def is_running(self):
+        return False
+
+
+@pytest.fixture
+def wants_to_move(monkeypatch):
+    """Every look wants a move; every move and affinity change recorded, none made."""
+    calls = []
+    monkeypatch.setattr(pinning, "choose", lambda pinned, allowed, *a: [allowed[-1]])
+    monkeypatch.setattr(pinning, "LOOKS", 1)
+    monkeypatch.setattr(pinning, "WAKE_S", 0.05)
+    monkeypatch.setattr(pinning.os, "sched_setaffinity", lambda *a: calls.append(("affinity", a)))
+    errors = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
+    return calls, errors
+
+
+def sleeper(procs: list) -> subprocess.Popen:
+    """A child that sleeps a minute (ended by the `procs` fixture)."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    procs.append(child)
+    return child
+
+
+def test_a_recycled_pid_is_never_moved(procs, wants_to_move):
+    """vLLM reaped, its pid reused by another process: the follower's handle (made while vLLM
+    was its child) no longer matches, and the follower ends without touching that process."""
+    calls, errors = wants_to_move
+    other = sleeper(procs)
+    handle = Recycled(other.pid)
+    assert pinning.move(handle, [0]) == 0
+    follower = pinning.Follower(handle, [0], [0, 1], check_s=0.05).start()
+    follower._thread.join(3)
+    assert not follower._thread.is_alive()
+    assert calls == [] and errors == []
+
+
+def test_the_follower_stops_when_vllm_is_reaped(procs, wants_to_move, monkeypatch):
+    calls, errors = wants_to_move
+    moves = []
+    monkeypatch.setattr(pinning, "move", lambda root, cpus: moves.append(root) or 1)
+    child = sleeper(procs)
+    follower = pinning.Follower(child.pid, [0], [0, 1], check_s=30.0).start()
+    time.sleep(0.2)
+    assert follower._thread.is_alive()
+    child.kill()
+    child.wait()  # reaped: its pid may be anyone's from now on
+    follower._thread.join(3)  # well before the 30 s look
+    assert not follower._thread.is_alive()
+    assert moves == [] and calls == [] and errors == []
+
+
+def test_a_live_vllm_is_moved_through_its_handle(procs, wants_to_move, monkeypatch):
+    calls, errors = wants_to_move
+    moves = []
+    monkeypatch.setattr(pinning, "move", lambda root, cpus: moves.append(root) or 1)
+    child = sleeper(procs)
+    follower = pinning.Follower(child.pid, [0], [0, 1], check_s=0.05).start()
+    try:
+        end = time.monotonic() + 5
+        while not moves and time.monotonic() < end:
+            time.sleep(0.05)
+    finally:
+        follower.stop()
+    assert moves and all(isinstance(m, psutil.Process) and m.pid == child.pid for m in moves)
+    assert errors == []

@@ -225,3 +225,16 @@ def test_the_plans_pin_reaches_every_process_vllm_starts(pin):
     want = str(cpus or allowed)
     assert out[:2] == [want, want], out
     assert sorted(os.sched_getaffinity(0)) == allowed  # the supervisor itself is left alone
+
+
+def test_xpu_serve_without_a_render_node_is_refused_in_one_line(tmp_path):
+    from vllm_intel.supervisor.cli import missing_device
+
+    dri = tmp_path / "dri"
+    dri.mkdir()
+    why = missing_device({"VLLM_TARGET_DEVICE": "xpu"}, dri)
+    assert why and "no XPU device" in why and "--device /dev/dri" in why and "\n" not in why
+    (dri / "renderD128").touch()
+    assert missing_device({"VLLM_TARGET_DEVICE": "xpu"}, dri) is None
+    assert missing_device({"VLLM_TARGET_DEVICE": "cpu"}, tmp_path / "none") is None
+    assert missing_device({}, tmp_path / "none") is None

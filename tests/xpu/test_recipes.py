@@ -220,8 +220,12 @@ def test_sdist_fetch_needs_no_pip_and_checks_the_tables_hash(tmp_path):
     sdist; a table hash the index does not confirm stops it before any download, in one line."""
     version = TABLE["default"]
     bare = dict(
-        os.environ, VLLM_INTEL_CACHE=str(tmp_path / "cache"), PIP_NO_INDEX="1",
-        PIP_FIND_LINKS="", PIP_CONFIG_FILE="/dev/null", PATH="/usr/bin:/bin",
+        os.environ,
+        VLLM_INTEL_CACHE=str(tmp_path / "cache"),
+        PIP_NO_INDEX="1",
+        PIP_FIND_LINKS="",
+        PIP_CONFIG_FILE="/dev/null",
+        PATH="/usr/bin:/bin",
     )
     script = str(ROOT / "scripts" / "vllm-sdist.sh")
     r = subprocess.run(["bash", script, version], env=bare, **CAPTURE)

@@ -25,23 +25,51 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
     return env
 
 
+def missing_device(env=os.environ, dri: pathlib.Path = pathlib.Path("/dev/dri")) -> str | None:
+    """Why `serve` cannot start on this image's device, or None. Only the XPU image asks: without a
+    render node vLLM finds no platform and dies in a traceback far from the cause."""
+    if env.get("VLLM_TARGET_DEVICE") != "xpu" or any(dri.glob("renderD*")):
+        return None
+    return (
+        f"no XPU device: this is the XPU image and {dri}/renderD* does not exist "
+        "(run it with --device /dev/dri, or use the CPU image)"
+    )
+
+
 def serve(args: list[str]) -> int:
     cfg = settings.serve_config(args)
-    for note in cfg.notes:
-        log(note)
+    # Every input checked before anything starts: TMPDIR first (the state file's default is in it).
+    settings.check_tmpdir()
+    state_path = settings.check_state_file(settings.state_file(cfg.port))
+    probe_port = settings.probe_port(vllm_port=cfg.port)
+    settings.check_patches()
     if importlib.util.find_spec("vllm") is None:
         log(f"vLLM is not installed for {sys.executable}")
         return Exit.NOT_FOUND
-    settings.check_tmpdir()
-    probe_port = settings.probe_port()
+    missing = missing_device()
+    if missing:
+        log(missing)
+        return Exit.NO_DEVICE
     plan = make_plan(cfg)  # may raise ConfigError: memory limit too small
+    for note in cfg.notes:  # only now: a refused input is one line, not notes and then the error
+        log(note)
     # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
+    from .loop import Supervisor
+
+    sup = Supervisor(cfg, state_path)
+    try:
+        return supervise(sup, cfg, plan, probe_port)
+    finally:
+        sup.remove_state()
+
+
+def supervise(sup, cfg: settings.ServeConfig, plan: resources.Plan, probe_port: int | None) -> int:
+    """The run itself, in its run directory, from the preflight checks to vLLM's exit."""
     from . import hub, janitor, pinning, probes
     from .loop import Supervisor
 
     tmp = pathlib.Path(tempfile.gettempdir())
-    sup = Supervisor(cfg, settings.state_file(cfg.port))
-    with janitor.run_dir(tmp, settings.shm_dir(), sup.state_path) as run:
+    with janitor.run_dir(tmp, settings.shm_dir()) as run:
         # After the sweep (a dead run's segments no longer count), before anything starts.
         resources.check_shm(settings.shm_dir(), plan.shm_needed)
         settings.check_port(cfg.host, cfg.port)
@@ -97,6 +125,9 @@ def patches(args: list[str]) -> int:
     except ImportError as e:
         log(f"the patch plugin cannot be imported for {sys.executable}: {e}")
         return Exit.NOT_FOUND
+    bad = next((a for a in args if a != "--strict"), None)
+    if bad is not None and args not in (["-h"], ["--help"]):  # one short line, whatever it is
+        raise ConfigError(f"patches: unknown argument {settings.shown(bad)}; {plugin.USAGE}")
     return plugin.main(args)
 
 
@@ -144,7 +175,7 @@ def main(argv: list[str]) -> int:
     try:
         if cmd not in COMMANDS:
             raise ConfigError(
-                f"unknown subcommand {cmd!r} (expected serve, prefetch, patches, probe, grace-period, "
+                f"unknown subcommand {settings.shown(cmd)} (expected serve, prefetch, patches, probe, grace-period, "
                 "plan)"
             )
         return COMMANDS[cmd](rest)

@@ -37,16 +37,20 @@ def cache_dir(env=os.environ) -> pathlib.Path:
     """HF_HUB_CACHE as huggingface_hub resolves it."""
     explicit = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
     if explicit:
-        return pathlib.Path(explicit).expanduser()
-    home = env.get("HF_HOME") or pathlib.Path(
-        env.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache", "huggingface"
-    )
-    return pathlib.Path(home).expanduser() / "hub"
+        return settings.user_path("HF_HUB_CACHE", explicit)
+    if env.get("HF_HOME"):
+        return settings.user_path("HF_HOME", env["HF_HOME"]) / "hub"
+    cache = env.get("XDG_CACHE_HOME") or str(settings.user_path("the home directory", "~/.cache"))
+    return settings.user_path("XDG_CACHE_HOME", cache) / "huggingface" / "hub"
 
 
 def repo_id(model: str | None) -> str | None:
     """model if it names a hub repository, None for a local path (or nothing)."""
-    if not model or settings.looks_like_path(model) or pathlib.Path(model).exists():
+    if (
+        not model
+        or settings.looks_like_path(model)
+        or settings.path_exists("model", pathlib.Path(model))
+    ):
         return None
     return model if REPO_ID.fullmatch(model) else None
 
@@ -154,11 +158,13 @@ def prefetch(args: list[str], env=os.environ) -> int:
     found = resolve(args)
     model = found.model or env.get("INTEL_VLLM_MODEL")
     revision = found.revision
-    if model and settings.looks_like_path(model) and not pathlib.Path(model).expanduser().exists():
-        raise settings.ConfigError(f"model path {model} does not exist")
+    if model:
+        settings.check_model_path(model)
     repo = repo_id(model)
     if repo is None:
-        log(f"prefetch: {model or 'the built-in model'} is local, nothing to download")
+        log(
+            f"prefetch: {settings.shown(model or 'the built-in model', 200, quote=False)} is local, nothing to download"
+        )
         return 0
     cache = serve_cache(found, env)
     if not online(env):

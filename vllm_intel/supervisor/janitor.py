@@ -16,6 +16,12 @@ opens the same file sees it, in any namespace. A sweep removes what the claim of
 (and that no visible process maps), and run directories whose lock is free. An entry that no
 claim lists, and a run directory without a lock file, belong to someone we cannot prove dead:
 they are reported and left alone.
+
+Only what this user wrote is ever removed or rewritten: a claim or lock file is opened without
+following a symlink and used only if it is a regular file of our euid, mode 0600 (what
+`create_locked` makes); anything else under those names was planted or is another user's, and
+is reported and left alone. A name that a live claim lists is never removed, whoever else lists
+it, and the only directories ever removed recursively are run directories of ours.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import os
 import pathlib
 import re
 import shutil
+import stat
 import tempfile
 import threading
 import uuid
@@ -39,10 +46,10 @@ from .settings import RUN_DIR_PREFIX, TICK_S, log
 
 # Names vLLM (multiprocessing) gives its shared memory segments and semaphores in /dev/shm.
 SHM_PATTERNS = (
-    re.compile(r"^psm_[0-9a-f]+$"),
-    re.compile(r"^sem\.mp-\w+$"),
-    re.compile(r"^wnsm_\w+$"),
-    re.compile(r"^vllm_intel_wake_[0-9a-f]+$"),  # patch shm-busy-sleep's futex words
+    re.compile(r"psm_[0-9a-f]+"),
+    re.compile(r"sem\.mp-\w+"),
+    re.compile(r"wnsm_\w+"),
+    re.compile(r"vllm_intel_wake_[0-9a-f]+"),  # patch shm-busy-sleep's futex words
 )
 CLAIM_PREFIX, CLAIM_SUFFIX = "vllm-intel-run-", ".claim"
 LOCK_FILE = "supervisor.lock"
@@ -57,7 +64,8 @@ SCANS_AFTER_CHANGE = 4
 
 
 def is_vllm_shm(name: str) -> bool:
-    return any(p.match(name) for p in SHM_PATTERNS)
+    # fullmatch: `$` would also accept a name ending in a newline
+    return any(p.fullmatch(name) for p in SHM_PATTERNS)
 
 
 def mapped_inodes(pid: int) -> set[tuple[int, int]]:
@@ -120,13 +128,38 @@ def _lock(fd: int) -> bool:
         return False
 
 
+def is_ours(st: os.stat_result) -> bool:
+    """A file `create_locked` made for this user: regular, our euid, mode 0600."""
+    return (
+        stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+    )
+
+
+def open_own(path: pathlib.Path, flags: int = os.O_RDWR) -> int | None:
+    """An fd of `path` if it is a file of ours (see is_ours), else None. Never through a
+    symlink, and never opening a FIFO or device someone planted under the name."""
+    try:
+        if not is_ours(os.lstat(path)):
+            return None
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if is_ours(os.fstat(fd)):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
 @contextlib.contextmanager
 def locked_if_dead(path: pathlib.Path):
-    """Yields an fd of `path` holding its lock if its owner is gone, else None (owner alive, or
-    no such file). The lock is held until the block ends, so nobody else sweeps it meanwhile."""
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
+    """Yields an fd of `path` holding its lock if its owner is gone, else None (owner alive, no
+    such file, or not a file of ours). The lock is held until the block ends, so nobody else
+    sweeps it meanwhile."""
+    fd = open_own(path)
+    if fd is None:
         yield None
         return
     try:
@@ -140,6 +173,7 @@ def create_locked(path: pathlib.Path, content: bytes = b"") -> int:
     a concurrent sweep never finds it unlocked."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)  # whatever the umask: a sweep trusts only mode 0600 (is_ours)
     fcntl.flock(fd, fcntl.LOCK_EX)
     os.write(fd, content)
     os.rename(tmp, path)
@@ -241,6 +275,118 @@ class Watcher(threading.Thread):
 class Sweep:
     removed: list[str] = dataclasses.field(default_factory=list)  # a dead run's, gone now
     unclaimed: list[str] = dataclasses.field(default_factory=list)  # nobody's we can prove: kept
+    foreign: list[str] = dataclasses.field(default_factory=list)  # not this user's to act on: kept
+
+
+def claim_names(data: dict) -> list[str]:
+    """The vLLM entry names a claim lists; anything else in it (a forged or foreign claim's
+    content) is ignored."""
+    names = data.get("shm", [])
+    if not isinstance(names, list):
+        return []
+    return [n for n in names if isinstance(n, str) and is_vllm_shm(n)]
+
+
+def read_claim_at(path: pathlib.Path) -> dict:
+    """The content of a claim we do not act on, read-only and not through a symlink."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        return read_claim(fd) if stat.S_ISREG(os.fstat(fd).st_mode) else {}
+    finally:
+        os.close(fd)
+
+
+def owned(path: pathlib.Path) -> bool:
+    """`path` exists and is this user's: what our own run created, not a name reused since."""
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def is_foreign(path: pathlib.Path) -> bool:
+    """`path` exists and is not a file of ours (gone since the listing: not foreign)."""
+    try:
+        return not is_ours(os.lstat(path))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+
+
+def take_dead_claims(claims: list[pathlib.Path], out: Sweep, stack: contextlib.ExitStack):
+    """Locks every dead claim of ours (unlocked when `stack` closes): their (path, fd), and the
+    names every other claim lists. Those are kept even when a dead claim lists them too: a live
+    run may map them, and a claim we may not act on proves nothing dead."""
+    dead, kept = [], set()
+    for path in claims:
+        fd = open_own(path)
+        if fd is None:
+            if is_foreign(path):
+                out.foreign.append(str(path))
+            kept |= set(claim_names(read_claim_at(path)))
+            continue
+        stack.callback(os.close, fd)
+        if _lock(fd):
+            dead.append((path, fd))
+        else:  # a live run
+            kept |= set(claim_names(read_claim(fd)))
+    return dead, kept
+
+
+def sweep_claims(shm_dir: pathlib.Path, out: Sweep, in_use) -> set[str]:
+    """Remove what dead runs of ours claimed and no visible process maps; the names any claim
+    lists."""
+    claims = sorted(shm_dir.glob(f"{CLAIM_PREFIX}*{CLAIM_SUFFIX}")) if shm_dir.is_dir() else []
+    used: set[tuple[int, int]] | None = None
+    with contextlib.ExitStack() as stack:
+        dead, kept = take_dead_claims(claims, out, stack)
+        claimed = set(kept)
+        for path, fd in dead:
+            data = read_claim(fd)
+            names = claim_names(data)
+            claimed |= set(names)
+            if used is None:
+                used = in_use()
+            present = [shm_dir / n for n in names if n not in kept and owned(shm_dir / n)]
+            busy = [p for p in present if inode(p) in used]
+            out.removed += remove([p for p in present if p not in busy])
+            if busy:  # a dying process still maps them: keep the claim for the next sweep
+                _rewrite(fd, {**data, "shm": [p.name for p in busy]})
+            else:
+                out.removed += remove([path])
+    return claimed
+
+
+def sweep_run_dir(run_dir: pathlib.Path, out: Sweep) -> None:
+    """Remove `run_dir` if it is a directory of ours whose lock is free. Another user's (which
+    we may not even be able to look into), or a symlink, is reported and left alone."""
+    try:
+        st = os.lstat(run_dir)
+    except FileNotFoundError:
+        return
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        out.foreign.append(str(run_dir))
+        return
+    lock = run_dir / LOCK_FILE
+    try:
+        lock_st = os.lstat(lock)
+    except FileNotFoundError:
+        out.unclaimed.append(str(run_dir))
+        return
+    except OSError:
+        lock_st = None
+    if lock_st is None or not is_ours(lock_st):
+        out.foreign.append(str(run_dir))
+        return
+    with locked_if_dead(lock) as fd:
+        if fd is not None:
+            out.removed += remove_run_dir(run_dir)
 
 
 def sweep(
@@ -249,41 +395,15 @@ def sweep(
     in_use: Callable[[], set[tuple[int, int]]] = files_in_use,
 ) -> Sweep:
     """Remove what dead runs claimed (shm entries no visible process maps, their run
-    directories); report vLLM shm entries and run directories nobody's claim covers."""
+    directories); report vLLM shm entries and run directories nobody's claim covers, and claims
+    and run directories that are not ours to act on."""
     out = Sweep()
-    claimed: set[str] = set()
-    used: set[tuple[int, int]] | None = None
-    claims = sorted(shm_dir.glob(f"{CLAIM_PREFIX}*{CLAIM_SUFFIX}")) if shm_dir.is_dir() else []
-    for path in claims:
-        with locked_if_dead(path) as fd:
-            if fd is None:  # a live run (or gone since the listing)
-                with contextlib.suppress(OSError):
-                    with open(path, "rb") as f:
-                        claimed |= set(read_claim(f.fileno()).get("shm", []))
-                continue
-            data = read_claim(fd)
-            names = [n for n in data.get("shm", []) if is_vllm_shm(n)]
-            claimed |= set(names)
-            if used is None:
-                used = in_use()
-            present = [shm_dir / n for n in names if (shm_dir / n).exists()]
-            busy = [p for p in present if inode(p) in used]
-            out.removed += remove([p for p in present if p not in busy])
-            if busy:  # a dying process still maps them: keep the claim for the next sweep
-                _rewrite(fd, {**data, "shm": [p.name for p in busy]})
-            else:
-                out.removed += remove([path])
+    claimed = sweep_claims(shm_dir, out, in_use)
     for entry in vllm_entries(shm_dir):
         if entry.name not in claimed:
             out.unclaimed.append(str(entry))
     for run_dir in sorted(tmp_dir.glob(RUN_DIR_PREFIX + "*")):
-        lock = run_dir / LOCK_FILE
-        if not lock.exists():
-            out.unclaimed.append(str(run_dir))
-            continue
-        with locked_if_dead(lock) as fd:
-            if fd is not None:
-                out.removed += remove([run_dir])
+        sweep_run_dir(run_dir, out)
     return out
 
 
@@ -296,17 +416,25 @@ def inode(path: pathlib.Path) -> tuple[int, int] | None:
 
 
 def remove(paths: list[pathlib.Path]) -> list[str]:
+    """Unlink each of `paths`: never recursively (unlink fails on a directory), so a name that
+    turns out to be a directory is left alone."""
     removed = []
     for path in paths:
         try:
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            path.unlink()
             removed.append(str(path))
         except OSError:
             pass
     return removed
+
+
+def remove_run_dir(path: pathlib.Path) -> list[str]:
+    """A run directory of ours: rmtree refuses a symlink and never follows one inside."""
+    try:
+        shutil.rmtree(path)
+        return [str(path)]
+    except OSError:
+        return []
 
 
 @dataclasses.dataclass
@@ -326,20 +454,10 @@ class Run:
 
 
 @contextlib.contextmanager
-def run_dir(tmp_dir: pathlib.Path, shm_dir: pathlib.Path, state_path: pathlib.Path):
+def run_dir(tmp_dir: pathlib.Path, shm_dir: pathlib.Path):
     """One run: sweeps dead runs' leftovers, makes and locks the run directory and the claim; on
-    exit (every process of the run gone) removes what the run claimed, its directory and the
-    state file."""
-    found = sweep(shm_dir, tmp_dir)
-    if found.removed:
-        log(
-            f"removed {len(found.removed)} stale leftover(s) of dead run(s): {' '.join(found.removed)}"
-        )
-    if found.unclaimed:
-        log(
-            f"left alone {len(found.unclaimed)} vLLM shm entr(ies) / run dir(s) that no run "
-            f"claims (another server's, or unknown): {' '.join(found.unclaimed)}"
-        )
+    exit (every process of the run gone) removes what the run claimed and its directory."""
+    report(sweep(shm_dir, tmp_dir))
     path = pathlib.Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=tmp_dir))
     lock_fd = create_locked(path / LOCK_FILE)
     run = Run(path, Claim(shm_dir, path) if shm_dir.is_dir() else None, shm_dir)
@@ -352,6 +470,59 @@ def run_dir(tmp_dir: pathlib.Path, shm_dir: pathlib.Path, state_path: pathlib.Pa
             removed = run.claim.release()
             if removed:
                 log(f"removed {len(removed)} shared memory leftover(s) of this run")
+        # mkdtemp made it, so it is ours; rmtree does not follow symlinks out of it.
         shutil.rmtree(path, ignore_errors=True)
         os.close(lock_fd)
-        remove([state_path])
+
+
+def report(found: Sweep) -> None:
+    if found.removed:
+        log(
+            f"removed {len(found.removed)} stale leftover(s) of dead run(s): {' '.join(found.removed)}"
+        )
+    if found.unclaimed:
+        log(
+            f"left alone {len(found.unclaimed)} vLLM shm entr(ies) / run dir(s) that no run "
+            f"claims (another server's, or unknown): {' '.join(found.unclaimed)}"
+        )
+    if found.foreign:
+        log(
+            f"left alone {len(found.foreign)} claim(s) / run dir(s) that are not this user's "
+            f"files (another user's, a symlink, or not mode 0600): {' '.join(found.foreign)}"
+        )
+
+
+# ---------------------------------------------------------------------------------- the state file
+
+
+def write_private(path: pathlib.Path, content: bytes) -> tuple[int, int, int]:
+    """Replace `path` by a new mode-0600 file holding `content`; what identifies that file (see
+    unlink_if_written). Written under a name mkstemp picks (O_EXCL: never through a planted
+    symlink), then renamed over `path`, which replaces a symlink there instead of following it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(content)
+            f.flush()
+            os.replace(tmp, path)
+            st = os.fstat(f.fileno())  # after the rename, which changes its ctime
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+
+def unlink_if_written(path: pathlib.Path, written: tuple[int, int, int] | None) -> bool:
+    """Unlink `path` only if it is still the regular file we wrote: a user may have put something
+    of their own there since. The ctime too, as an inode number is reused once its file is gone."""
+    if written is None:
+        return False
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino, st.st_ctime_ns) != written:
+            return False
+        os.unlink(path)
+        return True
+    except OSError:
+        return False

@@ -30,6 +30,7 @@ def main(argv: list[str]) -> int:
         len(argv) == 2
         and argv[0] == "probe"
         and argv[1] in ("ready", "live")
+        and probe_port.isascii()  # '²'.isdigit() too, and int('²') raises
         and probe_port.isdigit()
     ):
         return probe_over_http(argv[1], int(probe_port))

@@ -7,15 +7,15 @@ The loop does no HTTP (the observer thread does) and no file I/O but the state f
 from __future__ import annotations
 
 import ctypes
-import functools
 import json
 import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 
-from . import settings
+from . import janitor, settings
 from .observe import Observer
 from .settings import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S, Exit, State, log
 
@@ -86,7 +86,10 @@ def wait_signal(signals: _SigSet, timeout: float) -> int | None:
 _WATCHED_SET = sigset(WATCHED)
 
 
-def _child_setup(cpus: list[int] | None = None) -> None:  # runs in the child between fork and exec
+def _child_setup(cpus: list[int] | None = None) -> None:
+    """What the child of `spawn` does between fork and exec (_EXEC_CHILD does it, in a process of
+    its own): every signal unblocked, the plan's pin, PDEATHSIG. Safe only in a process with one
+    thread (tests call it as a preexec_fn)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     if cpus:  # the plan's pin: every process vLLM starts inherits it
         os.sched_setaffinity(0, cpus)
@@ -97,10 +100,85 @@ def _child_setup(cpus: list[int] | None = None) -> None:  # runs in the child be
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+# `spawn` runs after the probe and observer threads exist, where a preexec_fn is unsafe (a lock
+# another thread held at fork stays held in the child forever: Python's docs on preexec_fn). So
+# the child does its set-up in Python of its own: the interpreter fork+exec'd by Popen's safe
+# path (no Python code between fork and exec) runs this, then execs vLLM in the same process (the
+# pid the supervisor signals and reaps). Invariants, each as `_child_setup` had them:
+# - signal dispositions: exec resets caught signals to SIG_DFL and keeps ignored ones; Popen's
+#   restore_signals reset SIGPIPE and SIGXFSZ. This interpreter catches SIGINT and ignores SIGPIPE
+#   and SIGXFSZ at start-up: set back to what vLLM must inherit, before anything is unblocked.
+# - the signal mask: the supervisor blocks WATCHED in every thread, and a mask survives fork and
+#   exec, so it is inherited blocked and unblocked here, last before exec. A signal the supervisor
+#   forwarded meanwhile was pending and takes its default action now, as it would on a vLLM that
+#   had not yet installed its handlers.
+# - the pin (sched_setaffinity of this one-thread process: all vLLM starts inherits it) and
+#   PR_SET_PDEATHSIG (kept across exec; a parent already gone is checked after setting it).
+# - exec failures are reported through the pipe `errfd` (closed by the exec on success), as
+#   Popen's own: spawn raises the OSError, and the supervisor exits CANNOT_EXEC as before.
+_EXEC_CHILD = """\
+import ctypes, os, signal, sys
+errfd, ppid, cpus, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+try:
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for name in ("SIGPIPE", "SIGXFSZ"):
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    if cpus:
+        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != ppid:
+        os.kill(os.getpid(), signal.SIGKILL)
+    os.set_inheritable(errfd, False)
+except BaseException as e:
+    os.write(errfd, f"setup:{type(e).__name__}: {e}".encode())
+    os._exit(127)
+signal.pthread_sigmask(signal.SIG_SETMASK, [])
+try:
+    os.execvp(argv[0], argv)
+except OSError as e:
+    os.write(errfd, f"exec:{e.errno}".encode())
+os._exit(127)
+"""
+
+
+def exec_argv(argv: list[str], errfd: int, cpus: list[int] | None) -> list[str]:
+    """The argv that runs `argv` through _EXEC_CHILD (-I -S: none of vLLM's env or site-packages
+    in the interpreter that only sets up and execs)."""
+    pin = ",".join(str(c) for c in cpus or [])
+    return [sys.executable, "-I", "-S", "-c", _EXEC_CHILD, str(errfd), str(os.getpid()), pin, *argv]
+
+
+def popen_exec(argv: list[str], env: dict[str, str], cpus: list[int] | None) -> subprocess.Popen:
+    """Popen of `argv` in a session of its own, set up by _EXEC_CHILD; returns once `argv` is
+    executing. Raises OSError (it cannot be executed) or SubprocessError (the set-up failed)."""
+    r, w = os.pipe()  # both close-on-exec; pass_fds hands `w` to the child only
+    try:
+        try:
+            child = subprocess.Popen(
+                exec_argv(argv, w, cpus), env=env, start_new_session=True, pass_fds=(w,)
+            )
+        finally:
+            os.close(w)
+        with os.fdopen(r, "rb", closefd=False) as f:
+            err = f.read()  # EOF: the exec succeeded (or the child died)
+    finally:
+        os.close(r)
+    if not err:
+        return child
+    child.wait()
+    stage, _, what = err.decode("utf-8", "replace").partition(":")
+    if stage == "exec" and what.isdigit():
+        raise OSError(int(what), os.strerror(int(what)), argv[0])
+    raise subprocess.SubprocessError(f"the child's set-up failed: {what}")
+
+
 class Supervisor:
     def __init__(self, cfg: settings.ServeConfig, state_path: pathlib.Path):
         self.argv, self.port, self.drain, self.url = cfg.argv, cfg.port, cfg.drain, cfg.url
         self.state_path = state_path
+        self.state_written: tuple[int, int, int] | None = None  # our last write
         self.state = State.STARTING
         self.child: subprocess.Popen | None = None
         self.returncode: int | None = None
@@ -133,13 +211,15 @@ class Supervisor:
             "child": self.child.pid if self.child else None,
             "drain": self.drain,
         }
-        tmp = self.state_path.with_name(self.state_path.name + ".tmp")
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data))
-            tmp.replace(self.state_path)
+            self.state_written = janitor.write_private(self.state_path, json.dumps(data).encode())
         except OSError as e:
             log(f"cannot write state file {self.state_path}: {e}")
+
+    def remove_state(self) -> None:
+        """At exit: the state file goes only if it is still the file this run wrote."""
+        janitor.unlink_if_written(self.state_path, self.state_written)
 
     def set_state(self, state: State, why: str) -> None:
         self.state = state
@@ -149,13 +229,8 @@ class Supervisor:
     # -- spawn ----------------------------------------------------------------------------
     def spawn(self, env: dict[str, str], cpus: list[int] | None = None) -> int | None:
         try:
-            self.child = subprocess.Popen(
-                self.argv,
-                env=env,
-                start_new_session=True,
-                preexec_fn=functools.partial(_child_setup, cpus),
-            )
-        except (OSError, subprocess.SubprocessError) as e:  # the latter: preexec_fn failed
+            self.child = popen_exec(self.argv, env, cpus)
+        except (OSError, subprocess.SubprocessError) as e:  # the latter: the set-up failed
             log(f"cannot execute {self.argv[0]}: {e}")
             return Exit.CANNOT_EXEC
         self.set_state(

@@ -63,19 +63,30 @@ def pids_cpu_s(pids) -> float:
     return total
 
 
-def tree_cpu_s(root: int) -> float:
+def tree_pids(root: int | psutil.Process) -> list[int]:
+    """`root` and its descendants; none when `root` (a handle: the process it was created for)
+    is gone or its pid now names another process."""
+    try:
+        proc = root if isinstance(root, psutil.Process) else psutil.Process(root)
+        pids = [proc.pid] + [p.pid for p in proc.children(recursive=True)]
+        return pids if proc.is_running() else []
+    except psutil.Error:
+        return []
+
+
+def tree_cpu_s(root: int | psutil.Process) -> float:
     """pids_cpu_s of `root` and its descendants."""
     try:
-        return pids_cpu_s([root] + [p.pid for p in psutil.Process(root).children(recursive=True)])
+        return pids_cpu_s(tree_pids(root))
     except psutil.Error:
         return 0.0
 
 
-def move(root: int, cpus: list[int]) -> int:
+def move(root: int | psutil.Process, cpus: list[int]) -> int:
     """Every thread of `root` and its descendants confined to `cpus`; how many were moved."""
     moved = 0
     try:
-        pids = [root] + [p.pid for p in psutil.Process(root).children(recursive=True)]
+        pids = tree_pids(root)
     except psutil.Error:
         return moved
     for pid in pids:
@@ -97,13 +108,25 @@ class Follower:
 
     def __init__(
         self,
-        root: int,
+        root: int | psutil.Process,
         pinned: list[int],
         allowed: list[int],
         core_of: dict | None = None,
         check_s: float = CHECK_S,
     ):
-        self.root, self.pinned, self.allowed = root, sorted(pinned), sorted(allowed)
+        # A handle made now, while the child is ours and unreaped (its pid cannot be reused
+        # yet): is_running() compares its create time, so once vLLM is reaped and the pid names
+        # another process, nothing of that process is ever moved.
+        self.proc: psutil.Process | None
+        if isinstance(root, psutil.Process):
+            self.proc = root
+        else:
+            try:
+                self.proc = psutil.Process(root)
+            except psutil.Error:
+                self.proc = None  # gone already: the thread ends at once
+        self.root = root if isinstance(root, int) else root.pid
+        self.pinned, self.allowed = sorted(pinned), sorted(allowed)
         self.core_of = core_of or {}
         self.check_s = check_s
         self._looks, self._target = 0, None  # looks in a row that found the same better CPUs
@@ -119,8 +142,22 @@ class Follower:
         self._stop.set()
         self._thread.join(5)
 
+    def alive(self) -> bool:
+        """vLLM's API server is still the process this follower started for: neither reaped
+        (nor a zombie awaiting it) nor its pid reused."""
+        if self.proc is None:
+            return False
+        try:
+            return self.proc.is_running() and self.proc.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def move(self, cpus: list[int]) -> int:
+        """`move` of vLLM's tree, checked first: 0 when it is gone."""
+        return move(self.proc, cpus) if self.alive() else 0
+
     def sample(self) -> tuple[dict[int, tuple[int, int]], float]:
-        return resources.cpu_ticks(set(self.allowed)), tree_cpu_s(self.root)
+        return resources.cpu_ticks(set(self.allowed)), (tree_cpu_s(self.proc) if self.proc else 0.0)
 
     def others(self, before, after) -> dict[int, float]:
         """Each allowed CPU's load from other processes between two samples, in CPUs."""
@@ -161,22 +198,25 @@ class Follower:
         end, late = time.monotonic() + seconds, 0.0
         while (left := end - time.monotonic()) > 0:
             step, t = min(WAKE_S, left), time.monotonic()
-            if self._stop.wait(step):
+            if self._stop.wait(step) or not self.alive():  # stopped, or vLLM was reaped
                 return None
             late = max(late, time.monotonic() - t - step)
         return late
 
     def _run(self) -> None:
+        if not self.alive():
+            return
         self._last = self.sample()
         moved = False
         while (late := self.wait(self.check_s * random.uniform(0.75, 1.25))) is not None:
             if moved:  # a thread started while the last move listed them kept the old CPUs
-                move(self.root, self.pinned)
+                if self.move(self.pinned) == 0:
+                    return  # vLLM is gone
                 moved = False
             target = self.look(self.sample(), late)
             if target is None:
                 continue
-            threads = move(self.root, target)
+            threads = self.move(target)
             if threads == 0:
                 return  # vLLM is gone
             seen = self.seen

@@ -35,6 +35,7 @@ import math
 import os
 import pathlib
 import shutil
+import stat
 import time
 from dataclasses import dataclass, field
 
@@ -274,7 +275,7 @@ def parallel(flags: list[str]) -> tuple[int, int]:
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be a whole number >= 1, not {value}")
         sizes.append(value or 1)
-    return sizes[0], sizes[1]
+    return sizes[0], sizes[1]  # their product is bounded by vllm_args.resolve (MAX_PARALLEL)
 
 
 def shm_segments(flags: list[str], env=os.environ) -> list[tuple[str, int]]:
@@ -303,15 +304,47 @@ def _segments(flags: list[str], tp: int, pp: int, env) -> list[tuple[str, int]]:
     return segs
 
 
+MAX_MODEL_ENTRIES = 100_000  # a model directory holds tens of files; `/` holds millions
+
+
 def weights_bytes(model: str | None) -> int | None:
-    """Size of a local model's weight files; None when the model is not a local directory."""
+    """Size of a local model's weight files; None when the model is not a local directory.
+    Raises ConfigError for a directory it cannot read through, or one too big to be a model."""
+    from .settings import path_exists, shown, user_path
+
     if not model:
         return None
-    path = pathlib.Path(model).expanduser()
-    if not path.is_dir():
+    path = user_path("model path", model)
+    if not path_exists("model path", path) or not path.is_dir():
         return None
     exts = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and p.name.endswith(exts))
+
+    def unreadable(e: OSError) -> None:
+        raise ConfigError(
+            f"model path {shown(model, 200, quote=False)}: cannot read {shown(str(e.filename or ''), 200, quote=False)}: "
+            f"{e.strerror or e}"
+        )
+
+    total = entries = 0
+    for top, dirs, files in os.walk(path, onerror=unreadable):  # symlinked dirs not followed
+        entries += len(dirs) + len(files)
+        if entries > MAX_MODEL_ENTRIES:
+            raise ConfigError(
+                f"model path {shown(model, 200, quote=False)} holds more than {MAX_MODEL_ENTRIES} files "
+                "and directories: not a model directory"
+            )
+        for name in files:
+            if not name.endswith(exts):
+                continue
+            try:
+                st = os.stat(os.path.join(top, name))
+            except FileNotFoundError:  # a dangling link: vLLM would not load it either
+                continue
+            except OSError as e:
+                unreadable(e)
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 @dataclass

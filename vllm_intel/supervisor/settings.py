@@ -9,6 +9,7 @@ import enum
 import os
 import pathlib
 import re
+import stat
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -26,6 +27,11 @@ HEALTH_TIMEOUT_S = 2.0  # a loaded host can take over a second to answer /health
 METRICS_TIMEOUT_S = 1.0
 PROBE_TIMEOUT_S = 2.0
 DEFAULT_PORT = 8000
+# Bounds on inputs: a value past them is refused (exit 64) before anything starts.
+MAX_DRAIN_S = 86400  # one day: a longer drain is a typo, and grace-period must print a sane number
+MAX_CONFIG_BYTES = 1 << 20  # a --config file is a few vLLM flags, never megabytes
+MAX_PARALLEL = 1024  # --tensor-parallel-size, --pipeline-parallel-size and their product
+MAX_DIGITS = 12  # longer numbers are refused before int() (Python refuses > 4300 digits itself)
 
 
 def grace_period(drain: int) -> int:
@@ -50,6 +56,7 @@ Kubernetes terminationGracePeriodSeconds = preStop sleep + grace     ({PRESTOP_S
 
 class Exit(enum.IntEnum):
     CONFIG = 64
+    NO_DEVICE = 65
     PREFETCH = 69  # EX_UNAVAILABLE: the hub could not give us the model
     UNEXPECTED = 70
     FORCED = 124
@@ -70,10 +77,21 @@ EXIT_CODES = (
     ("128+N", "vLLM died of signal N"),
     (
         str(Exit.CONFIG.value),
-        "configuration error, nothing started (bad drain value, missing model "
-        "path, bad or unreadable `--config` file, a vLLM setting the supervisor cannot "
-        "work with, unknown subcommand, bad patch name, too long `TMPDIR`, a port in use) or a "
+        "configuration error, nothing started (bad drain value or one above "
+        f"{MAX_DRAIN_S} s, missing or unreadable model "
+        "path, bad or unreadable `--config` file (not a regular file, over "
+        f"{MAX_CONFIG_BYTES >> 20} MiB, not UTF-8, YAML aliases), a vLLM setting the "
+        "supervisor cannot work with (a port outside 1-65535, `--tensor-parallel-size` / "
+        f"`--pipeline-parallel-size` or their product above {MAX_PARALLEL}, `--hf-token` on the "
+        "command line), unknown subcommand, bad patch name, a missing, unwritable or too long "
+        "`TMPDIR`, a port in use, a bad `INTEL_VLLM_PROBE_PORT`, an "
+        "`INTEL_VLLM_STATE_FILE` that is not a file path) or a "
         "container too small for vLLM (`/dev/shm`, memory limit)",
+    ),
+    (
+        str(Exit.NO_DEVICE.value),
+        "no accelerator device: the XPU image found no Intel GPU render node (`/dev/dri/renderD*`; "
+        "pass `--device /dev/dri`), nothing started",
     ),
     (
         str(Exit.PREFETCH.value),
@@ -119,7 +137,8 @@ SETTINGS = (
     Setting(
         "INTEL_VLLM_DRAIN_TIMEOUT",
         f"`{DEFAULT_DRAIN_S}`",
-        "seconds in-flight requests get after SIGTERM; passed as `--shutdown-timeout` only "
+        f"seconds in-flight requests get after SIGTERM (0 to {MAX_DRAIN_S}); passed as "
+        "`--shutdown-timeout` only "
         "when you give that vLLM setting nowhere (command line or `--config` file): else your "
         f"value is the drain, untouched. On XPU never below {XPU_MIN_DRAIN_S} (logged when "
         "raised; the raised value is appended last on the command line, which beats the file).",
@@ -141,7 +160,10 @@ SETTINGS = (
     Setting(
         "INTEL_VLLM_STATE_FILE",
         "`$TMPDIR/vllm-intel-<port>.state.json`",
-        "where the supervisor publishes its state for `probe`",
+        "where the supervisor publishes its state for `probe`: a file it replaces while it "
+        "runs (mode 0600) and removes at exit if it is still the one it wrote; a directory, "
+        "a symlink or a path under a non-directory there is refused (exit "
+        f"{Exit.CONFIG.value})",
     ),
     Setting(
         "INTEL_VLLM_PORT",
@@ -152,7 +174,8 @@ SETTINGS = (
         "INTEL_VLLM_PROBE_PORT",
         "unset (off); `8001` in the images",
         "the supervisor answers `GET /ready` and `GET /live` (200 or 503) on this port: "
-        "Kubernetes httpGet probes, and `probe ready|live` without `--port` asks it",
+        "Kubernetes httpGet probes, and `probe ready|live` without `--port` asks it. "
+        f"A port 1-65535 other than vLLM's own, else `serve` exits {Exit.CONFIG.value}",
     ),
     Setting(
         "INTEL_VLLM_SHM_DIR",
@@ -183,6 +206,12 @@ SETTINGS = (
         "all, none, off",
         "patch allow list, deny list, strict mode (see docs/patches.md)",
     ),
+    Setting(
+        "INTEL_VLLM_PATCHES_UNTESTED",
+        "off",
+        "`1` applies a patch also where the installed vLLM is outside the releases it was tested "
+        "on (default: state `untested`, nothing changed; see docs/patches.md)",
+    ),
 )
 
 # The vLLM settings the supervisor also reads (vllm_args.py), each from the same sources as
@@ -192,13 +221,18 @@ SETTINGS = (
 VLLM_SETTINGS = (
     Setting("model", "`INTEL_VLLM_MODEL`", "the built-in model is added only if none is named"),
     Setting("--port`, `--host", f"`{DEFAULT_PORT}`, all", "where /health and /metrics are read"),
-    Setting("--shutdown-timeout", "`INTEL_VLLM_DRAIN_TIMEOUT`", "the drain (see above)"),
+    Setting(
+        "--shutdown-timeout",
+        "`INTEL_VLLM_DRAIN_TIMEOUT`",
+        f"the drain (see above), 0 to {MAX_DRAIN_S} s",
+    ),
     Setting("--ssl-certfile", "none", "/health and /metrics are read over https"),
     Setting("--disable-log-stats", "off", "no request counts in the exit line"),
     Setting(
         "--tensor-parallel-size`, `--pipeline-parallel-size",
         "1, 1",
-        "workers: the CPU plan's threads per worker and the /dev/shm preflight",
+        "workers: the CPU plan's threads per worker and the /dev/shm preflight; each and "
+        f"their product at most {MAX_PARALLEL}",
     ),
     Setting(
         "--revision`, `--download-dir",
@@ -215,6 +249,18 @@ VLLM_SETTINGS = (
         "",
         f"refused (exit {Exit.CONFIG.value}): vLLM ignores `--config=FILE`, write "
         "`--config FILE`; the flags above are read only when written in full, not abbreviated",
+    ),
+    Setting(
+        "--config FILE",
+        "none",
+        f"a regular YAML file of at most {MAX_CONFIG_BYTES >> 20} MiB, UTF-8, without "
+        "aliases (`*name`); values of the flags above must be scalars",
+    ),
+    Setting(
+        "--hf-token",
+        "",
+        f"refused on the command line (exit {Exit.CONFIG.value}): every process can read "
+        "it in /proc/PID/cmdline; set `HF_TOKEN` in the environment instead",
     ),
 )
 
@@ -264,10 +310,39 @@ def device(env=os.environ) -> str:
     return dev
 
 
-def parse_seconds(name: str, value: str | None) -> int:
-    if not re.fullmatch(r"\s*\d+\s*", value or ""):
-        raise ConfigError(f"{name} must be a whole number of seconds >= 0, not {value!r}")
-    return int(value)
+def shown(value, limit: int = 40, quote: bool = True) -> str:
+    """repr(value) (or a printable str as it is, quote=False), cut to `limit` characters: an
+    error line stays one short line whatever the input."""
+    if not quote and isinstance(value, str) and value.isprintable() and len(value) <= limit:
+        return value
+    text = repr(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 4]}...{text[-1]} ({len(str(value))} chars)"
+
+
+def parse_seconds(name: str, value: str | None, maximum: int = MAX_DRAIN_S) -> int:
+    """Whole seconds, 0..maximum (ASCII digits, surrounding blanks allowed). Raises ConfigError."""
+    if not re.fullmatch(r"\s*[0-9]+\s*", value or ""):
+        raise ConfigError(f"{name} must be a whole number of seconds >= 0, not {shown(value)}")
+    digits = value.strip().lstrip("0") or "0"
+    if len(digits) > MAX_DIGITS or int(digits) > maximum:  # int() of 5000 digits would raise
+        raise ConfigError(f"{name} must be at most {maximum} seconds, not {shown(value.strip())}")
+    return int(digits)
+
+
+def parse_port(name: str, value: str | None) -> int:
+    """A TCP port number, 1..65535 (ASCII digits). Raises ConfigError."""
+    if re.fullmatch(r"\s*[0-9]{1,5}\s*", value or "") and 0 < int(value) < 65536:
+        return int(value)
+    raise ConfigError(f"{name} must be a port number (1-65535), not {shown(value)}")
+
+
+def check_port_number(name: str, port: int) -> int:
+    """An int port from vLLM's flags or its config file: 1..65535. Raises ConfigError."""
+    if type(port) is not int or not 1 <= port <= 65535:
+        raise ConfigError(f"{name} must be between 1 and 65535, not {shown(port)}")
+    return port
 
 
 def flag_value(flags: list[str], name: str) -> str | None:
@@ -296,6 +371,10 @@ def drain_seconds(
     if user is not None:
         if user < 0:
             raise ConfigError(f"--shutdown-timeout must be >= 0, not {user}")
+        if user > MAX_DRAIN_S:
+            raise ConfigError(
+                f"--shutdown-timeout must be at most {MAX_DRAIN_S} seconds, not {user}"
+            )
         drain = user
     else:
         drain = parse_seconds(
@@ -317,9 +396,46 @@ def state_file(port: int, env=os.environ) -> pathlib.Path:
     return pathlib.Path(tempfile.gettempdir()) / f"vllm-intel-{port}.state.json"
 
 
-def probe_port(env=os.environ) -> int | None:
+def check_state_file(path: pathlib.Path) -> pathlib.Path:
+    """Preflight: `path` can be the state file, a regular file the supervisor replaces while it
+    runs and removes at exit. Anything else there (a directory, a symlink, `/`) is the user's:
+    refused before anything starts, so that nothing of theirs is ever replaced or removed."""
+    why = state_file_problem(path)
+    if why:
+        raise ConfigError(f"INTEL_VLLM_STATE_FILE {path}: {why}")
+    return path
+
+
+def state_file_problem(path: pathlib.Path) -> str | None:
+    if path.name in ("", ".", ".."):
+        return "names a directory, not a file"
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        return f"is {kind}; it must name a file the supervisor may replace and remove"
+    # The parent is created if missing; what exists of it must be directories.
+    parent = next((p for p in path.parents if os.path.lexists(p)), None)
+    if parent is not None and not parent.is_dir():
+        return f"{parent} is not a directory"
+    return None
+
+
+def probe_port(env=os.environ, vllm_port: int | None = None) -> int | None:
+    """INTEL_VLLM_PROBE_PORT for `serve`: None when unset, else a port other than vLLM's."""
     value = env.get("INTEL_VLLM_PROBE_PORT")
-    return parse_seconds("INTEL_VLLM_PROBE_PORT", value) if value else None
+    if not value:
+        return None
+    port = parse_port("INTEL_VLLM_PROBE_PORT", value)
+    if port == vllm_port:
+        raise ConfigError(
+            f"INTEL_VLLM_PROBE_PORT {port} is vLLM's own --port: choose another port for the probes"
+        )
+    return port
 
 
 def shm_dir(env=os.environ) -> pathlib.Path:
@@ -328,6 +444,78 @@ def shm_dir(env=os.environ) -> pathlib.Path:
 
 def looks_like_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~"))
+
+
+def user_path(what: str, name: str) -> pathlib.Path:
+    """pathlib.Path(name).expanduser(), or ConfigError (`~nosuchuser/...`: no such user)."""
+    try:
+        return pathlib.Path(name).expanduser()
+    except RuntimeError:  # pathlib: "Could not determine home directory."
+        user = name[1:].split("/", 1)[0]
+        raise ConfigError(
+            f"{what} {shown(name, 200, quote=False)}: no home directory for "
+            + (f"user {shown(user)}" if user else "the current user (HOME unset)")
+        ) from None
+
+
+def path_exists(what: str, path: pathlib.Path) -> bool:
+    """path.exists(), or ConfigError where the answer is an error (a too long name, EACCES)."""
+    try:
+        os.stat(path)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        raise ConfigError(
+            f"{what} {shown(str(path), 200, quote=False)}: {e.strerror or e}"
+        ) from None
+    except ValueError as e:  # an embedded NUL byte
+        raise ConfigError(f"{what} {shown(str(path), 200, quote=False)}: {e}") from None
+
+
+def check_model_path(name: str) -> None:
+    """A model that looks like a path must exist. Raises ConfigError."""
+    if looks_like_path(name) and not path_exists("model path", user_path("model path", name)):
+        raise ConfigError(f"model path {shown(name, 200, quote=False)} does not exist")
+
+
+def patch_names() -> list[str]:
+    """The names of the patches in vllm_intel/patches/registry.py's PATCH_MODULES, read from
+    their sources (`name = "..."` in the Patch class): importing them would import torch."""
+    import ast
+
+    from vllm_intel.patches import registry
+
+    names = []
+    for module in registry.PATCH_MODULES:
+        tree = ast.parse((pathlib.Path(registry.__file__).parent / f"{module}.py").read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and any(
+                getattr(b, "id", None) == "Patch" for b in node.bases
+            ):
+                for item in node.body:
+                    if (
+                        isinstance(item, ast.Assign)
+                        and [getattr(t, "id", None) for t in item.targets] == ["name"]
+                        and isinstance(item.value, ast.Constant)
+                    ):
+                        names.append(item.value.value)
+    return names
+
+
+def check_patches(env=os.environ) -> None:
+    """INTEL_VLLM_PATCHES / INTEL_VLLM_PATCHES_DISABLE name known patches. Raises ConfigError:
+    vLLM's plugin would only log the unknown names once the model is loading."""
+    from vllm_intel.patches import registry
+
+    known = patch_names()
+    for var in (registry.ALLOW_ENV, registry.DENY_ENV):
+        unknown = [n for n in registry._names(env.get(var)) or [] if n not in known]
+        if unknown:
+            raise ConfigError(
+                f"{var}: unknown patch name(s) {shown(','.join(unknown), 80, quote=False)}; "
+                f"known: {','.join(sorted(known))}"
+            )
 
 
 @dataclass
@@ -416,11 +604,12 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
                 "(set INTEL_VLLM_MODEL, pass a model, or run `make setup`)"
             )
     name = vargs.model or model
-    if looks_like_path(name) and not pathlib.Path(name).expanduser().exists():
-        raise ConfigError(f"model path {name} does not exist")
-    port = DEFAULT_PORT if vargs.port is None else vargs.port
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"--port must be between 1 and 65535, not {port}")
+    check_model_path(name)
+    port = check_port_number("--port", DEFAULT_PORT if vargs.port is None else vargs.port)
+    if vargs.host and not re.fullmatch(r"[A-Za-z0-9._:%-]{1,253}", vargs.host):
+        raise ConfigError(
+            f"--host {shown(vargs.host)} (in {vargs.source['host']}): not a host name or IP address"
+        )
     drain, notes = drain_seconds(env=env, user=vargs.shutdown_timeout)
     if vargs.shutdown_timeout is not None:
         notes.insert(
@@ -449,7 +638,21 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
     )
 
 
-def check_tmpdir() -> None:
+def check_tmpdir(env=os.environ) -> None:
+    """TMPDIR, when set, is a writable directory (Python's tempfile would silently use /tmp
+    instead) short enough for vLLM's IPC socket paths. Raises ConfigError."""
+    given = env.get("TMPDIR")
+    if given:
+        if not os.path.isdir(given):
+            why = "does not exist" if not os.path.lexists(given) else "is not a directory"
+            raise ConfigError(f"TMPDIR {shown(given, 200, quote=False)} {why}")
+        try:  # as tempfile.gettempdir() tries it (a read-only mount refuses root too)
+            with tempfile.TemporaryFile(dir=given):
+                pass
+        except OSError as e:
+            raise ConfigError(
+                f"TMPDIR {shown(given, 200, quote=False)} is not writable ({e.strerror or e})"
+            ) from None
     tmp = tempfile.gettempdir()
     if len(tmp) > MAX_TMPDIR_LEN:
         raise ConfigError(
@@ -471,6 +674,8 @@ def check_port(host: str | None, port: int) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((addr, port))
+        except (TypeError, ValueError, UnicodeError) as e:  # a host no socket can name
+            raise ConfigError(f"cannot listen on {shown(host)}:{port}: {e}") from None
         except OSError as e:
             where = f"{host}:{port}" if host else f"port {port}"
             raise ConfigError(

@@ -40,10 +40,12 @@ What the supervisor relies on, and why:
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 
-from .settings import ConfigError
+from .settings import MAX_CONFIG_BYTES, MAX_DIGITS, MAX_DRAIN_S, MAX_PARALLEL, ConfigError, shown
 
 # The flags read here, by vLLM dest: option strings and whether the flag takes a value.
 FLAGS = {
@@ -72,6 +74,18 @@ INTS = (
     "tensor_parallel_size",
     "pipeline_parallel_size",
 )
+# dest -> (lowest, highest) accepted; None: unbounded on that side (vLLM's own checks, or ours
+# with a message of their own: --api-server-count < 1 has no HTTP server).
+BOUNDS = {
+    "port": (1, 65535),
+    "shutdown_timeout": (None, MAX_DRAIN_S),  # < 0: settings.drain_seconds says so
+    "api_server_count": (None, MAX_PARALLEL),
+    "ssl_cert_reqs": (0, 2),
+    "tensor_parallel_size": (None, MAX_PARALLEL),  # < 1: resources.parallel says so
+    "pipeline_parallel_size": (None, MAX_PARALLEL),
+}
+# Never on the command line: every process of the host can read /proc/PID/cmdline.
+SECRET_FLAGS = {"--hf-token": "HF_TOKEN"}
 OPTION_TO_DEST = {opt: dest for dest, (opts, _) in FLAGS.items() for opt in opts}
 MODEL_FLAG = re.compile(r"^--model(=.+|$)")
 
@@ -101,26 +115,98 @@ class VllmArgs:
     source: dict[str, str] = field(default_factory=dict)
 
 
+def _cfg(path: str) -> str:
+    return f"--config {shown(path, 200, quote=False)}"
+
+
+def read_config_bytes(path: str) -> bytes:
+    """The file's bytes: a regular file (not a FIFO, a device or a directory, which could block
+    or never end) of at most MAX_CONFIG_BYTES, opened without blocking. Raises ConfigError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise ConfigError(f"{_cfg(path)}: cannot read it: {e.strerror or e}") from None
+    except ValueError as e:  # an embedded NUL
+        raise ConfigError(f"{_cfg(path)}: cannot read it: {e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+            raise ConfigError(f"{_cfg(path)}: is {kind}")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(
+                f"{_cfg(path)}: {st.st_size} bytes, more than the "
+                f"{MAX_CONFIG_BYTES} a config file may have"
+            )
+        chunks, size = [], 0
+        while size <= MAX_CONFIG_BYTES:  # a file that grows while read stops at the limit too
+            chunk = os.read(fd, MAX_CONFIG_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as e:
+        raise ConfigError(f"{_cfg(path)}: cannot read it: {e.strerror or e}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{_cfg(path)}: more than the {MAX_CONFIG_BYTES} bytes a config file may have"
+        )
+    return b"".join(chunks)
+
+
+def _yaml_loader():
+    """yaml.SafeLoader without aliases: `*name` can expand a small file into billions of
+    nodes (billion laughs), and a vLLM config file never needs one."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                event = self.peek_event()
+                raise yaml.composer.ComposerError(
+                    None,
+                    None,
+                    f"alias *{event.anchor} (YAML aliases are refused)",
+                    event.start_mark,
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
+
+
 def load_config_file(path: str) -> list[str]:
-    """vLLM's load_config_file: the YAML file as flags. Raises ConfigError where vLLM fails."""
+    """vLLM's load_config_file: the YAML file as flags. Raises ConfigError where vLLM fails, and
+    for what would make the supervisor block, blow up or misread a value (see read_config_bytes,
+    _yaml_loader; a list or a mapping as the value of a flag it reads)."""
     if path.split(".")[-1] not in ("yaml", "yml"):
-        raise ConfigError(f"--config {path}: vLLM reads only .yaml/.yml config files")
+        raise ConfigError(f"{_cfg(path)}: vLLM reads only .yaml/.yml config files")
+    raw = read_config_bytes(path)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{_cfg(path)}: not UTF-8 text (byte {e.start})") from None
     import yaml  # only when there is a config file: the common start stays import-free
 
     try:
-        with open(path) as f:
-            config = yaml.safe_load(f)
-    except OSError as e:
-        raise ConfigError(f"--config {path}: cannot read it: {e.strerror or e}") from None
+        config = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         at = f" (line {where.line + 1})" if where else ""
-        raise ConfigError(f"--config {path}: not valid YAML{at}") from None
+        problem = getattr(e, "problem", None)
+        why = f": {problem}" if problem and "alias" in problem else ""
+        raise ConfigError(f"{_cfg(path)}: not valid YAML{at}{why}") from None
+    except RecursionError:
+        raise ConfigError(f"{_cfg(path)}: nested too deeply") from None
     if not isinstance(config, dict):
-        raise ConfigError(f"--config {path}: must be a YAML mapping of vLLM flags")
+        raise ConfigError(f"{_cfg(path)}: must be a YAML mapping of vLLM flags")
     flags: list[str] = []
     for key, value in config.items():
         key = str(key)
+        dest = OPTION_TO_DEST.get(_normalise("--" + key).split("=", 1)[0])
+        if dest is not None:
+            _check_file_value(path, key, dest, value)
         if isinstance(value, bool):
             # vLLM 0.32 turns false into --no-KEY where such a flag exists; none of ours has one,
             # and for ours false is the default: nothing to add.
@@ -132,10 +218,59 @@ def load_config_file(path: str) -> list[str]:
         elif isinstance(value, dict):
             import json
 
-            flags += ["--" + key, json.dumps(value)]
+            try:
+                flags += ["--" + key, json.dumps(value, default=str)]
+            except (RecursionError, ValueError):
+                raise ConfigError(f"{_cfg(path)}: {key}: nested too deeply") from None
         else:
             flags += ["--" + key, str(value)]
     return flags
+
+
+def _check_file_value(path: str, key: str, dest: str, value) -> None:
+    """A flag the supervisor reads has one scalar value in the file: `port: [1, 2]` would be
+    `--port 1 2` (vLLM's argparse error, or port 1 with a stray `2`)."""
+    takes_value = FLAGS[dest][1]
+    if not takes_value:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{_cfg(path)}: {key} must be true or false, not {shown(value)}")
+    elif isinstance(value, (list, dict, bool)) or value is None:
+        raise ConfigError(f"{_cfg(path)}: {key} must be one value, not {shown(value)}")
+    elif dest in INTS and not (type(value) is int or isinstance(value, str)):
+        raise ConfigError(f"{_cfg(path)}: {key} must be a whole number, not {shown(value)}")
+
+
+def _parse_int(name: str, dest: str, value: str, origin: str, bounds: bool = True) -> int:
+    """int(value) as argparse's type=int, refusing what no setting could mean (> MAX_DIGITS
+    digits: Python itself refuses over 4300) and values outside BOUNDS. Raises ConfigError."""
+    if len(value.strip()) > MAX_DIGITS:
+        raise ConfigError(
+            f"{name} must be a whole number of at most {MAX_DIGITS} digits, not {shown(value)} "
+            f"(in {origin})"
+        )
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(
+            f"{name} must be a whole number, not {shown(value)} (in {origin})"
+        ) from None
+    lo, hi = BOUNDS.get(dest, (None, None)) if bounds else (None, None)
+    if lo is not None and hi is not None and not lo <= number <= hi:
+        raise ConfigError(f"{name} must be between {lo} and {hi}, not {number} (in {origin})")
+    if hi is not None and number > hi:
+        raise ConfigError(f"{name} must be at most {hi}, not {number} (in {origin})")
+    return number
+
+
+def _refuse_secret(raw: str) -> None:
+    """`--hf-token X` / `--hf-token=X` (or an abbreviation of it) on the command line."""
+    name = _normalise(raw).split("=", 1)[0]
+    for flag, env in SECRET_FLAGS.items():
+        if len(name) >= 6 and flag.startswith(name):  # an unambiguous prefix, as argparse takes
+            raise ConfigError(
+                f"{flag} on the command line: every process can read it in /proc/PID/cmdline; "
+                f"set the {env} environment variable instead"
+            )
 
 
 def _normalise(arg: str) -> str:
@@ -156,9 +291,13 @@ def _abbreviates(arg: str) -> str | None:
     return hits[0] if hits else None
 
 
-def resolve(argv: list[str]) -> VllmArgs:
-    """What `vllm serve ARGV` would use for the settings in FLAGS. Raises ConfigError."""
+def resolve(argv: list[str], bounds: bool = True) -> VllmArgs:
+    """What `vllm serve ARGV` would use for the settings in FLAGS. Raises ConfigError, also for
+    values outside BOUNDS (and more than MAX_PARALLEL workers) unless bounds=False: vLLM's
+    own parser takes those, and fails later or never (a port of -5, a drain of 10**20 s)."""
     args = list(argv)
+    for a in args:
+        _refuse_secret(a)
     source = {}
     # 1. The first --model moves to the front as the positional model (vLLM does this first).
     first_model = next((i for i, a in enumerate(args) if MODEL_FLAG.match(a)), None)
@@ -226,14 +365,17 @@ def resolve(argv: list[str]) -> VllmArgs:
         if dest == "model" and model_in_cli:
             continue  # the positional model wins: `vllm serve` sets args.model = model_tag
         if dest in INTS:
-            try:
-                value = int(value)
-            except ValueError:
-                raise ConfigError(
-                    f"{name} must be a whole number, not {value!r} (in {origin})"
-                ) from None
+            value = _parse_int(name, dest, value, origin, bounds)
         setattr(found, dest, value)
         source[dest] = origin
+    if bounds and found.model is not None and not found.model.strip():
+        raise ConfigError(f"the model name is empty (in {source['model']})")
+    workers = (found.tensor_parallel_size or 1) * (found.pipeline_parallel_size or 1)
+    if bounds and abs(workers) > MAX_PARALLEL:
+        raise ConfigError(
+            f"--tensor-parallel-size x --pipeline-parallel-size = {workers} workers, more than "
+            f"{MAX_PARALLEL}"
+        )
     return found
 
 
