@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -304,3 +305,22 @@ def test_probe_accepts_what_a_supervisor_writes(tmp_path, capsys, monkeypatch, u
     state.write_text(json.dumps({**GOOD, "state": "SERVING", "url": url}))
     code = probes.probe(["ready", "--port", "1"], env={"INTEL_VLLM_STATE_FILE": str(state)})
     assert code == 0, capsys.readouterr()
+
+
+def test_default_state_file_lives_in_a_private_directory_of_this_user(tmp_path, monkeypatch):
+    """On a shared /tmp nobody else can plant the default state file or the directory it is in:
+    the directory is made 0700 and accepted only as ours; another user's is refused in one line."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = settings.state_file(8123, env={})
+    assert path.parent == tmp_path / f"vllm-intel-{os.geteuid()}"
+    settings.check_state_file(path)
+    st = os.lstat(path.parent)
+    assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
+    settings.check_state_file(path)  # again: it is ours now
+    os.chmod(path.parent, 0o755)
+    with pytest.raises(settings.ConfigError, match="not this user's private directory"):
+        settings.check_state_file(path)
+    os.rmdir(path.parent)
+    path.parent.symlink_to(tmp_path)
+    with pytest.raises(settings.ConfigError, match="not this user's private directory"):
+        settings.check_state_file(path)

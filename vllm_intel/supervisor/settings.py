@@ -159,7 +159,7 @@ SETTINGS = (
     Setting("INTEL_VLLM_DEVICE", "`cpu`", "`cpu` or `xpu` (the XPU image sets it)"),
     Setting(
         "INTEL_VLLM_STATE_FILE",
-        "`$TMPDIR/vllm-intel-<port>.state.json`",
+        "`$TMPDIR/vllm-intel-<uid>/vllm-intel-<port>.state.json` (a 0700 directory of this user)",
         "where the supervisor publishes its state for `probe`: a file it replaces while it "
         "runs (mode 0600) and removes at exit if it is still the one it wrote; a directory, "
         "a symlink or a path under a non-directory there is refused (exit "
@@ -393,13 +393,36 @@ def state_file(port: int, env=os.environ) -> pathlib.Path:
     explicit = env.get("INTEL_VLLM_STATE_FILE")
     if explicit:
         return pathlib.Path(explicit)
-    return pathlib.Path(tempfile.gettempdir()) / f"vllm-intel-{port}.state.json"
+    return private_dir() / f"vllm-intel-{port}.state.json"
+
+
+def private_dir() -> pathlib.Path:
+    """The default state file's directory: this user's own in TMPDIR (a shared /tmp on a bare
+    host: nobody else can plant or replace anything in it; `probe`, run as the same user, finds
+    it by the same name)."""
+    return pathlib.Path(tempfile.gettempdir()) / f"vllm-intel-{os.geteuid()}"
+
+
+def make_private_dir(path: pathlib.Path) -> None:
+    """Create `path` 0700, or accept it only as this user's private directory. Raises ConfigError."""
+    try:
+        path.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(path)
+    except OSError as e:
+        raise ConfigError(f"cannot make {path}: {e.strerror or e}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ConfigError(
+            f"{path} is not this user's private directory (another user's, a symlink, or not "
+            "mode 0700): remove it, or set INTEL_VLLM_STATE_FILE or TMPDIR"
+        )
 
 
 def check_state_file(path: pathlib.Path) -> pathlib.Path:
     """Preflight: `path` can be the state file, a regular file the supervisor replaces while it
     runs and removes at exit. Anything else there (a directory, a symlink, `/`) is the user's:
     refused before anything starts, so that nothing of theirs is ever replaced or removed."""
+    if path.parent == private_dir():
+        make_private_dir(path.parent)
     why = state_file_problem(path)
     if why:
         raise ConfigError(f"INTEL_VLLM_STATE_FILE {path}: {why}")
