@@ -25,7 +25,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_and_complete(venv, model, log_path, extra_env=None):
+def serve_and_complete(venv, model, log_path, extra_env=None, extra_args=()):
     port = _free_port()
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1", HF_HUB_OFFLINE="1", **(extra_env or {}))
     for k in (
@@ -46,6 +46,7 @@ def serve_and_complete(venv, model, log_path, extra_env=None):
                 "1024",
                 "--port",
                 str(port),
+                *extra_args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -27,6 +27,7 @@ EXERCISED = {
     "cpu-aot-compile": ("0.27.1", "0.32.0"),
     "shm-busy-sleep": ("0.27.1", "0.32.0"),
     "engine-parent-watch": ("0.27.1", "0.32.0"),
+    "cpu-amx-tiles": ("0.27.1", "0.32.0"),
 }
 
 

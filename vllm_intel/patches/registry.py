@@ -20,6 +20,7 @@ PATCH_MODULES = [
     "cpu_aot_compile",  # vllm PR #32037: no AOT artifact on CPU that fails to load every start
     "shm_busy_sleep",  # vllm PR #52848: shm queue readers sleep, not spin (under a CPU quota)
     "engine_parent_watch",  # vllm issue #55510: the engine core follows its dead parent
+    "cpu_amx_tiles",  # AMX CPUs: the process may use AMX tiles before vLLM's AMX kernels run
 ]
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"
