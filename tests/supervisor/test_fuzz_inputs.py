@@ -289,6 +289,10 @@ SEEDS = [
     ("serve", "{model}", [], {}, ""),  # a good start, drained
     ("probe", None, [("ready", None)], {"INTEL_VLLM_PROBE_PORT": "99999"}, ""),
     ("probe", None, [("ready", None)], {"INTEL_VLLM_PROBE_PORT": "²"}, ""),  # launch.py's int()
+    # "model given twice" echoed both values as they were: 5000 characters, a newline (found by
+    # the long variant)
+    ("serve", "/" + "a" * 5000, [("--model", "")], {}, None),
+    ("serve", "{model}", [("--model", "\n0")], {}, None),
 ]
 
 
@@ -309,6 +313,9 @@ def seeded(test):
 @settings(
     max_examples=DEFAULT_EXAMPLES,
     deadline=None,
+    # The same examples on every run (CI's verdict must not depend on luck); FUZZ_RANDOM=1 draws
+    # new ones.
+    derandomize=not os.environ.get("FUZZ_RANDOM"),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @seeded
@@ -321,6 +328,9 @@ def test_inputs_end_in_a_server_or_a_documented_error(sub, model_arg, flags, env
 @settings(
     max_examples=SLOW_EXAMPLES,
     deadline=None,
+    # The same examples on every run (CI's verdict must not depend on luck); FUZZ_RANDOM=1 draws
+    # new ones.
+    derandomize=not os.environ.get("FUZZ_RANDOM"),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(**inputs)

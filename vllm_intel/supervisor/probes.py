@@ -122,7 +122,7 @@ def parse_port(name: str, value: str | None) -> int:
     """A TCP port number, 1..65535; ConfigError (one line, exit 64) for anything else."""
     if re.fullmatch(r"\s*[0-9]{1,5}\s*", value or "") and 0 < int(value) < 65536:
         return int(value)
-    raise ConfigError(f"{name} must be a port number (1-65535), not {value!r}")
+    raise ConfigError(f"{name} must be a port number (1-65535), not {settings.shown(value)}")
 
 
 def probe(args: list[str], env=os.environ) -> int:

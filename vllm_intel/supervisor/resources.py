@@ -39,7 +39,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from .settings import ConfigError
+from .settings import ConfigError, shown
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -273,7 +273,7 @@ def parallel(flags: list[str]) -> tuple[int, int]:
         ("--pipeline-parallel-size", found.pipeline_parallel_size),
     ):
         if value is not None and value < 1:
-            raise ConfigError(f"{name} must be a whole number >= 1, not {value}")
+            raise ConfigError(f"{name} must be a whole number >= 1, not {shown(value)}")
         sizes.append(value or 1)
     return sizes[0], sizes[1]  # their product is bounded by vllm_args.resolve (MAX_PARALLEL)
 
@@ -287,7 +287,9 @@ def _segments(flags: list[str], tp: int, pp: int, env) -> list[tuple[str, int]]:
     workers = tp * pp
     chunk_mb = env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", "16")
     if not chunk_mb.strip().isdigit():
-        raise ConfigError(f"VLLM_MQ_MAX_CHUNK_BYTES_MB must be a whole number, not {chunk_mb!r}")
+        raise ConfigError(
+            f"VLLM_MQ_MAX_CHUNK_BYTES_MB must be a whole number, not {shown(chunk_mb)}"
+        )
     segs = [
         ("executor broadcast queue", ring_buffer_bytes(int(chunk_mb) * MiB, MQ_CHUNKS, workers))
     ]
@@ -521,7 +523,7 @@ def plan(
     if "VLLM_CPU_KVCACHE_SPACE" in yours:
         value = yours["VLLM_CPU_KVCACHE_SPACE"]
         if not value.strip().isdigit():
-            raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE must be whole GiB, not {value!r}")
+            raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE must be whole GiB, not {shown(value)}")
         p.kv = f"{value} GiB (yours)"
         if mem is not None and int(value) * GiB + fixed > mem:
             raise ConfigError(

@@ -306,7 +306,7 @@ MAX_TMPDIR_LEN = 107 - len(RUN_DIR_PREFIX) - 8 - 2 - 36
 def device(env=os.environ) -> str:
     dev = env.get("INTEL_VLLM_DEVICE") or env.get("VLLM_TARGET_DEVICE") or "cpu"
     if dev not in ("cpu", "xpu"):
-        raise ConfigError(f"INTEL_VLLM_DEVICE must be cpu or xpu, not {dev!r}")
+        raise ConfigError(f"INTEL_VLLM_DEVICE must be cpu or xpu, not {shown(dev)}")
     return dev
 
 

@@ -310,7 +310,10 @@ def resolve(argv: list[str], bounds: bool = True) -> VllmArgs:
             tag, rest = args[first_model].removeprefix("--model="), first_model + 1
         args = [tag, *args[:first_model], *args[rest:]]
         if argv and not argv[0].startswith("-") and first_model > 0:
-            raise ConfigError(f"model given twice: {argv[0]} and --model {tag}")
+            raise ConfigError(
+                f"model given twice: {shown(argv[0], 200, quote=False)} and "
+                f"--model {shown(tag, 200, quote=False)}"
+            )
     model_in_cli = bool(args) and not args[0].startswith("-")
     config_path = None
     for a in args:
