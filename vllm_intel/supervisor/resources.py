@@ -20,9 +20,8 @@ instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the shm-busy-sleep patch). And its KV 
 fixed `VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
 
 Under a quota the processes would still run on every allowed CPU, and each token's round trip
-(API server -> engine core -> worker and back) wakes a process on another CPU: 7-15 % more CPU per
-token than the same processes on one CPU, and CFS throttling in 82-94 % of periods instead of 0-12 %
-(bench limits). So under a quota the plan confines every vLLM process to ceil(quota) CPUs
+(API server -> engine core -> worker and back) wakes a process on another CPU: more CPU per token
+than the same processes on one CPU, and far more throttled CFS periods (docs/bench.md, "limits"). So under a quota the plan confines every vLLM process to ceil(quota) CPUs
 (`INTEL_VLLM_CPU_PLAN=pin`, the default; `1` = the same plan unpinned): the idlest at start, one per
 physical core first. That is right only where nobody else is confined to the same CPUs, which a
 container cannot know at start (replicas starting together see the same idle CPUs): the supervisor
