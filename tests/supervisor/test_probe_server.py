@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.harness import ROOT, free_port
-from vllm_intel.supervisor import probes
+from vllm_intel.supervisor import probes, settings
 from vllm_intel.supervisor.settings import ConfigError, State
 
 NOWHERE = "http://127.0.0.1:9"  # no vLLM: STARTING answers without asking it
@@ -201,11 +201,11 @@ def test_probe_with_a_bad_port_is_a_config_error(args, env):
 
 
 def test_parse_port():
-    assert probes.parse_port("p", "8000") == 8000
-    assert probes.parse_port("p", " 65535 ") == 65535
+    assert settings.parse_port("p", "8000") == 8000
+    assert settings.parse_port("p", " 65535 ") == 65535
     for bad in ("65536", "0", "8e3", "", None, "١٢٣"):
         with pytest.raises(ConfigError):
-            probes.parse_port("p", bad)
+            settings.parse_port("p", bad)
 
 
 @pytest.mark.parametrize("probe_port", ["99999", "0", "abc", "²", "١٢٣"])

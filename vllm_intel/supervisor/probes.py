@@ -13,7 +13,6 @@ import json
 import os
 import pathlib
 import queue
-import re
 import selectors
 import socket
 import stat
@@ -118,22 +117,17 @@ def process_exists(pid: int) -> bool:
         return False
 
 
-def parse_port(name: str, value: str | None) -> int:
-    """A TCP port number, 1..65535; ConfigError (one line, exit 64) for anything else."""
-    if re.fullmatch(r"\s*[0-9]{1,5}\s*", value or "") and 0 < int(value) < 65536:
-        return int(value)
-    raise ConfigError(f"{name} must be a port number (1-65535), not {settings.shown(value)}")
-
-
 def probe(args: list[str], env=os.environ) -> int:
     """`entrypoint.py probe ready|live [--port N]`: exit 0 or 1."""
     if not args or args[0] not in KINDS:
         raise ConfigError("probe takes `ready` or `live`")
     port_s = settings.flag_value(args[1:], "--port")
     if port_s is not None:
-        port = parse_port("--port", port_s)
+        port = settings.parse_port("--port", port_s)
     else:
-        port = parse_port("INTEL_VLLM_PORT", env.get("INTEL_VLLM_PORT", str(settings.DEFAULT_PORT)))
+        port = settings.parse_port(
+            "INTEL_VLLM_PORT", env.get("INTEL_VLLM_PORT", str(settings.DEFAULT_PORT))
+        )
     path = settings.state_file(port, env)
     try:
         data = parse_state(read_state(path))
