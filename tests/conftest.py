@@ -38,14 +38,26 @@ def vllm_venv():
     return vllm_venv_path
 
 
-@pytest.fixture(scope="session")
-def tiny_model() -> pathlib.Path:
-    out = ROOT / "build" / "tiny-llama"
+def built_model(out: pathlib.Path, shape: str = "tiny-llama") -> pathlib.Path:
+    """tools/build_model.py's model of `shape` at `out`, built on first use."""
     if not (out / "config.json").exists():
         subprocess.run(
-            [sys.executable, str(ROOT / "tools" / "build_tiny_model.py"), str(out)], check=True
+            [sys.executable, str(ROOT / "tools" / "build_model.py"), str(out), "--shape", shape],
+            check=True,
         )
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> pathlib.Path:
+    return built_model(ROOT / "build" / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """Factory: real_model("qwen2.5-0.5b") -> a random-weight model of that real model's shape
+    (tools/build_model.py), built once into build/models-real/."""
+    return lambda shape: built_model(ROOT / "build" / "models-real" / shape, shape)
 
 
 @pytest.fixture

@@ -18,6 +18,11 @@ from .conftest import assert_nothing_left, probe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 TOKENS = 3000
+# The supervisor's exit line, from the forecast drain-deadline wrote at SIGTERM.
+FORECAST = re.compile(
+    r"forecast at SIGTERM: (\d+) in flight, the slowest needing (\d+) s of the \d+ s window, "
+    r"(\d+) to be cut"
+)
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
@@ -65,6 +70,12 @@ def test_sigterm_mid_stream_drains_every_request(serve, mode):
     in_flight, finished, running = (int(g or 0) for g in summary.group(1, 2, 4))
     if not senders:  # the senders' short requests come and go between two samples
         assert in_flight == 8 and finished + running == 8, summary.group(0)
+    # The drain forecast (API server, from vLLM's request states): every stream fits the window.
+    forecast = FORECAST.search(s.text())
+    assert forecast, s.tail()
+    assert int(forecast.group(1)) >= 8 and forecast.group(3) == "0", forecast.group(0)
+    assert float(forecast.group(2)) < 28, forecast.group(0)  # 10-15 s of work were left
+    assert re.search(r"drain forecast: \d+ request\(s\) in flight.*: all finish", s.text())
     assert_nothing_left(s)
 
 
@@ -82,6 +93,10 @@ def test_request_longer_than_the_drain_gets_a_final_event(serve):
     )
     assert result.terminal and result.done, result
     assert result.finish_reason == "abort", result
+    # Said at SIGTERM, before it happened: this one request does not fit the 4 s window.
+    forecast = FORECAST.search(s.text())
+    assert forecast and forecast.group(1, 3) == ("1", "1"), s.tail()
+    assert re.search(r"drain forecast: 1 request\(s\) in flight.*1 will be cut at 3 s", s.text())
     assert result.ended - t_term < 4 + 1
     assert code is not None and took <= 4 + 10, s.tail()
     assert_nothing_left(s)
@@ -94,4 +109,5 @@ def test_idle_sigterm_exits_fast(serve):
     took = time.monotonic() - t_term
     print(f"idle stop: exit {code} after {took:.2f} s")
     assert code == 0 and took < 3, s.tail()
+    assert "forecast at SIGTERM: nothing in flight" in s.text(), s.tail()
     assert_nothing_left(s)

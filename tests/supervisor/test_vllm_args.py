@@ -278,7 +278,12 @@ def test_xpu_minimum_wins_over_the_config_file(tmp_path):
 def test_model_in_config_gets_no_builtin_model(tmp_path):
     c = config(tmp_path, f"model: {tmp_path}\n")
     cfg = settings.serve_config(["--config", c], env={"INTEL_VLLM_MODEL": "/builtin"})
-    assert cfg.argv[cfg.argv.index("serve") + 1 :] == ["--config", c, "--shutdown-timeout", "30"]
+    assert cfg.argv[cfg.argv.index("serve") + 1 :] == [
+        "--config",
+        c,
+        "--shutdown-timeout",
+        str(settings.DEFAULT_DRAIN_S),
+    ]
     with pytest.raises(ConfigError, match="does not exist"):
         settings.serve_config(["--config", config(tmp_path, "model: /no/such\n", "m.yaml")])
 

@@ -34,6 +34,10 @@ What goes wrong upstream, and what this changes:
      -> The engine's shutdown starts once every request accepted before the drain has sent its
      first response byte (a stream's first token, a whole completion) or ended, waiting at most
      ``min(2 s, N/4)``: accepted requests are served, later ones get the 503 of 3.
+  5. Nothing says at SIGTERM whether the window fits the work in flight. -> Once the accepted
+     requests reached the engine, one line: how many are in flight, the tokens they still need,
+     their speed, the time the slowest needs and how many the window will cut
+     (``vllm_intel.drain_forecast``), also written for the supervisor's exit line.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import logging
 import threading
 import time
 
+from .. import drain_forecast
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, code_tree, dotted
 
 log = logging.getLogger("vllm.vllm_intel.patches")
@@ -145,6 +150,46 @@ class RefuseWhileDraining:
             ADMITTED.done(token)
 
 
+def report_forecast(processor, timeout: float) -> None:
+    """Log the drain forecast (vllm_intel.drain_forecast) and hand it to the supervisor: from two
+    samples of the request states, now and a moment later in a timer thread, so the drain's start
+    is not delayed. Never raises: a forecast must not stop a drain."""
+    cut_at = timeout - min(ABORT_LEAD_S, timeout / 4)
+
+    def report(before, after, elapsed: float) -> None:
+        try:
+            found = drain_forecast.forecast(
+                drain_forecast.in_flight(before, after, elapsed), timeout, cut_at, elapsed
+            )
+        except Exception as e:  # noqa: BLE001 - vLLM's internals may change shape
+            log.warning("[shutdown] API server: no drain forecast: %s", e)
+            return
+        (log.warning if found.cut else log.info)("[shutdown] API server: %s", found.line())
+        drain_forecast.write(found)
+
+    try:
+        states = processor.request_states
+        before, t0 = drain_forecast.sample(states), time.monotonic()
+    except Exception as e:  # noqa: BLE001
+        log.warning("[shutdown] API server: no drain forecast: %s", e)
+        return
+    if not before:
+        report(before, before, 0.0)
+        return
+
+    def later() -> None:
+        try:
+            after = drain_forecast.sample(states)
+        except Exception as e:  # noqa: BLE001
+            log.warning("[shutdown] API server: no drain forecast: %s", e)
+            return
+        report(before, after, time.monotonic() - t0)
+
+    timer = threading.Timer(min(drain_forecast.SAMPLE_S, cut_at / 2), later)
+    timer.daemon = True
+    timer.start()
+
+
 def drain_shape(tree: ast.AST) -> tuple[bool, bool]:
     """(a drain mode: reads ``.shutdown_timeout`` and aborts with ``.FINISHED_ABORTED``,
     a deadline of its own: calls ``monotonic()`` or compares with a ``*deadline*`` name),
@@ -222,6 +267,11 @@ class DrainDeadline(Patch):
                     time.monotonic() - t0,
                     f"still on the way: {left}" if left else "have all reached the engine",
                 )
+            # vLLM calls shutdown() again once stopped (from its lifespan's end): the forecast is
+            # the first call's, at the start of the drain.
+            if timeout > 0 and not getattr(self, "_intel_forecast_done", False):
+                self._intel_forecast_done = True
+                report_forecast(getattr(self, "output_processor", None), timeout)
             handler = getattr(self, "output_handler", None)
             loop = handler.get_loop() if handler is not None else None
             try:

@@ -9,6 +9,7 @@ import pathlib
 import sys
 import tempfile
 
+from .. import drain_forecast
 from . import resources, settings
 from .settings import ConfigError, Exit, log
 
@@ -20,6 +21,8 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
     # vLLM's sockets, inductor's scratch files and vllm_dist_* files land here and go with it.
     env["TMPDIR"] = str(run_dir)
     env["VLLM_RPC_BASE_PATH"] = str(run_dir)
+    # Where drain-deadline leaves its drain forecast for the exit line (nobody else's file).
+    env[drain_forecast.FORECAST_ENV] = str(run_dir / "drain-forecast.json")
     # Keep compiled kernels across runs (a warm start is ~15 s faster); it is a cache, not litter.
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.inductor_cache(os.environ)))
     return env

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 
+from .. import drain_forecast
 from . import janitor, settings
 from .observe import Observer
 from .settings import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S, Exit, State, log
@@ -190,6 +191,7 @@ class Supervisor:
         self.escalated = False
         self.group_term_at: float | None = None  # a stop while starting: the group's SIGTERM
         self.observer = Observer(self.url, cfg.count_requests)
+        self.forecast_path: str | None = None  # where vLLM's API server writes the drain forecast
 
     # -- set up ---------------------------------------------------------------------------
     @staticmethod
@@ -228,6 +230,7 @@ class Supervisor:
 
     # -- spawn ----------------------------------------------------------------------------
     def spawn(self, env: dict[str, str], cpus: list[int] | None = None) -> int | None:
+        self.forecast_path = env.get(drain_forecast.FORECAST_ENV)
         try:
             self.child = popen_exec(self.argv, env, cpus)
         except (OSError, subprocess.SubprocessError) as e:  # the latter: the set-up failed
@@ -386,6 +389,22 @@ class Supervisor:
         return (
             f"exit {code}: vLLM {how} {took:.1f} s after the stop request"
             + self.observer.summary(self.exited_at)
+            + self.forecast_summary()
+        )
+
+    def forecast_summary(self) -> str:
+        """ "; forecast at SIGTERM: ..." from the API server's drain forecast, or "" if none."""
+        found = drain_forecast.read(self.forecast_path) if self.forecast_path else None
+        if found is None:
+            return ""
+        if not found.in_flight:
+            return "; forecast at SIGTERM: nothing in flight"
+        need = (
+            "time unknown" if found.need_s is None else f"the slowest needing {found.need_s:.0f} s"
+        )
+        return (
+            f"; forecast at SIGTERM: {found.in_flight} in flight, {need} of the "
+            f"{found.window_s:.0f} s window, {found.cut} to be cut"
         )
 
 

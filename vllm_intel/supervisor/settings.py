@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 # ---------------------------------------------------------------------------------- timing
 
-DEFAULT_DRAIN_S = 30
+# Fits answers of up to ~1000 tokens in flight at SIGTERM at ~12 tokens/s per stream (4 streams of
+# a 0.5 B model on 2 cores); an idle stop does not wait for it (docs/bench.md, drain-real).
+DEFAULT_DRAIN_S = 90
 XPU_MIN_DRAIN_S = 5
 TEARDOWN_S = 10  # vLLM stops its engine core and workers after the drain
 MARGIN_S = 5  # the orchestrator's slack after our own deadline

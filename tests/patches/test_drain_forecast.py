@@ -1,0 +1,147 @@
+"""The drain forecast (vllm_intel.drain_forecast): the arithmetic, what it reads of vLLM's own
+request state, and the file the supervisor reads. The live numbers are asserted by tests/e2e
+(test_entrypoint_drain: a drain that fits says so, one that does not says it cuts)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+
+import pytest
+
+from vllm_intel import drain_forecast as df
+
+F = df.InFlight
+
+
+def test_all_finish_when_the_slowest_fits():
+    got = df.forecast([F(100, 612, 12.0), F(100, 400, 10.0)], window_s=90, cut_at_s=88)
+    # 512 / 12 = 42.7 s, 300 / 10 = 30 s; median rate 11
+    assert (got.in_flight, got.tokens_left, got.cut, got.unknown) == (2, 812, 0, 0)
+    assert got.need_s == pytest.approx(512 / 12) and got.rate == pytest.approx(11.0)
+    assert got.line().endswith("the slowest needs 43 s of the 90 s window: all finish")
+
+
+def test_counts_the_requests_the_window_cuts():
+    reqs = [F(0, 512, 12.0), F(400, 512, 12.0), F(10, 2000, 12.0)]
+    got = df.forecast(reqs, window_s=30, cut_at_s=28)
+    # 42.7 s and 165 s are past 28 s; 112/12 = 9.3 s is not
+    assert got.cut == 2 and got.need_s == pytest.approx(1990 / 12)
+    assert "2 will be cut at 28 s" in got.line()
+
+
+def test_a_request_without_a_rate_gets_the_median_of_the_others():
+    got = df.forecast([F(0, 600, None), F(50, 100, 10.0), F(50, 100, 30.0)], 30, 28)
+    assert got.rate == 20.0 and got.need_s == pytest.approx(600 / 20) and got.cut == 1
+
+
+def test_no_rate_at_all_or_no_max_tokens_is_unknown_never_a_guess():
+    got = df.forecast([F(0, 600, None)], 30, 28)
+    assert (got.need_s, got.cut, got.unknown) == (None, 0, 1)
+    assert "time needed unknown" in got.line()
+    got = df.forecast([F(5, None, 10.0), F(5, 100, 10.0)], 30, 28)
+    assert got.tokens_left is None and got.unknown == 1 and "slowest known" in got.line()
+
+
+def test_nothing_in_flight():
+    got = df.forecast([], 90, 88)
+    assert got.in_flight == 0 and got.line() == "drain forecast: nothing in flight"
+
+
+def test_speed_is_measured_between_the_two_samples():
+    before = {"a": (100, 512), "b": (10, 2000), "c": (5, 20), "d": (0, 600)}
+    after = {"a": (112, 512), "b": (22, 2000), "d": (0, 600)}  # c finished; d still waits
+    reqs = df.in_flight(before, after, elapsed=1.0)
+    assert reqs == [F(112, 512, 12.0), F(22, 2000, 12.0), F(20, 20, None), F(0, 600, None)]
+    got = df.forecast(reqs, window_s=90, cut_at_s=88, elapsed=1.0)
+    # a: 1 + 400/12 = 34 s; b: 1 + 1978/12 = 166 s (cut); c: done; d: 1 + 600/12 = 51 s
+    assert got.cut == 1 and got.need_s == pytest.approx(1 + 1978 / 12) and got.unknown == 0
+    assert got.tokens_left == 400 + 1978 + 0 + 600
+
+
+def test_samples_the_fields_of_vllms_own_request_state():
+    """The attributes sample() reads exist in this vLLM: RequestState sets them in its __init__,
+    and RequestStateStats is the dataclass that counts the tokens."""
+    import ast
+    import inspect
+
+    from vllm.v1.engine.output_processor import RequestState
+    from vllm.v1.metrics.stats import RequestStateStats
+
+    assigned = {
+        t.attr
+        for n in ast.walk(ast.parse(inspect.getsource(RequestState.__init__).lstrip()))
+        if isinstance(n, ast.Assign)
+        for t in n.targets
+        if isinstance(t, ast.Attribute)
+    }
+    assert {"max_tokens_param", "stats"} <= assigned
+    assert "num_generation_tokens" in {f.name for f in dataclasses.fields(RequestStateStats)}
+
+    stats = RequestStateStats(arrival_time=0.0)
+    stats.num_generation_tokens = 101
+    states = {
+        "r1": types.SimpleNamespace(max_tokens_param=512, stats=stats),
+        # --disable-log-stats: no stats object, so no count; no max_tokens: unbounded
+        "r2": types.SimpleNamespace(max_tokens_param=None, stats=None),
+    }
+    assert df.sample(states) == {"r1": (101, 512), "r2": (None, None)}
+    got = df.in_flight(df.sample(states), df.sample(states), elapsed=1.0)
+    assert got == [F(101, 512, None), F(0, None, None)]  # no token between: no speed
+
+
+def test_written_then_read_back(tmp_path):
+    path = tmp_path / "f.json"
+    found = df.forecast([F(0, 512, 12.0)], 30, 28)
+    df.write(found, env={df.FORECAST_ENV: str(path)})
+    assert df.read(str(path)) == found
+    df.write(found, env={})  # unset: nothing written, nothing raised
+
+
+@pytest.mark.parametrize(
+    "kind", ["missing", "symlink", "fifo", "too-big", "not-json", "wrong-keys", "bool"]
+)
+def test_read_refuses_what_is_not_a_forecast(tmp_path, kind):
+    path = tmp_path / "f.json"
+    good = dataclasses.asdict(df.forecast([F(0, 512, 12.0)], 30, 28))
+    if kind == "symlink":
+        (tmp_path / "real").write_text(json.dumps(good))
+        path.symlink_to(tmp_path / "real")
+    elif kind == "fifo":
+        os.mkfifo(path)  # read() must not block on it
+    elif kind == "too-big":
+        path.write_text(json.dumps({**good, "pad": "x" * df.MAX_FORECAST_BYTES}))
+    elif kind == "not-json":
+        path.write_bytes(b"\xff\x00")
+    elif kind == "wrong-keys":
+        path.write_text(json.dumps({"in_flight": 1}))
+    elif kind == "bool":
+        path.write_text(json.dumps({**good, "cut": True}))
+    assert df.read(str(path)) is None
+
+
+def test_report_samples_twice_without_delaying_the_drain(tmp_path, monkeypatch):
+    """drain-deadline's report_forecast returns at once; a timer thread takes the second sample
+    while the requests go on, then logs and writes the forecast."""
+    import time
+
+    from vllm_intel.patches.drain_deadline import report_forecast
+
+    path = tmp_path / "f.json"
+    monkeypatch.setenv(df.FORECAST_ENV, str(path))
+    stats = types.SimpleNamespace(num_generation_tokens=10)
+    processor = types.SimpleNamespace(
+        request_states={"r": types.SimpleNamespace(max_tokens_param=1000, stats=stats)}
+    )
+    t0 = time.monotonic()
+    report_forecast(processor, timeout=4)  # cut at 3 s; second sample 1 s later
+    assert time.monotonic() - t0 < 0.1 and not path.exists()
+    stats.num_generation_tokens = 110  # 100 tokens in ~1 s: 990 left need ~10 s, past 3 s
+    deadline = time.monotonic() + 5
+    while df.read(str(path)) is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    got = df.read(str(path))
+    assert got is not None and (got.in_flight, got.cut, got.cut_at_s) == (1, 1, 3.0)
+    assert 80 < got.rate < 101 and 9 < got.need_s < 14
