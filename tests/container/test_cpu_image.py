@@ -45,6 +45,8 @@ def test_up_becomes_healthy(stack):
     assert r.returncode == 0, f"up --wait failed:\n{r.stderr[-3000:]}\n{stack.logs()}"
     assert stack.inspect()["State"]["Health"]["Status"] == "healthy"
     print(f"vLLM {stack.version}: healthy {time.monotonic() - t0:.0f} s after `up`")
+    # A new project's cache volume: nothing compiled yet, and the supervisor says so.
+    assert "empty, this start compiles" in stack("logs", "--no-color").stdout
 
 
 def test_runs_as_non_root(stack):
@@ -180,6 +182,11 @@ def test_hf_cache_volume_serves_a_repo_id(stack, tmp_path):
     r = stack("up", "-d", "--wait", timeout=900, check=False)
     assert r.returncode == 0, r.stderr + stack.logs()
     assert stack.served_model() == REPO
+    # A new container (new environment) on the same cache volume: what the first one compiled is
+    # there (the container's own layer would have started empty).
+    assert re.search(
+        r"compile caches: .* [1-9]\d*\+? file\(s\).*: warm", stack("logs", "--no-color").stdout
+    )
     r = requests.post(
         f"{stack.url}/v1/completions",
         timeout=60,
@@ -212,8 +219,8 @@ def test_idle_docker_stop_is_fast(stack):
 
 def test_down_leaves_nothing(stack):
     stack("down", timeout=120)
-    # Only the Hugging Face cache stays (on purpose: the next `up` finds the downloads); -v goes.
-    volume = f"{stack.name}_hf-cache"
-    assert stack.leftovers() == [volume]
+    # Only the caches stay (on purpose: the next `up` finds the downloads and compiled kernels);
+    # -v removes them.
+    assert sorted(stack.leftovers()) == [f"{stack.name}_cache", f"{stack.name}_hf-cache"]
     stack("down", "-v", timeout=120)
     assert stack.leftovers() == []

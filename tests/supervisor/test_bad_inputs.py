@@ -109,6 +109,11 @@ HUGE = "9" * 5000
         (["serve", "./model"], {"INTEL_VLLM_PROBE_PORT": "0"}, "INTEL_VLLM_PROBE_PORT must"),
         (["serve", "./model"], {"INTEL_VLLM_PROBE_PORT": "x"}, "INTEL_VLLM_PROBE_PORT must"),
         (["serve", "./model", "--port", "18123"], {"INTEL_VLLM_PROBE_PORT": "18123"}, "own --port"),
+        # The healthcheck's command: a bad probe port is a config error, not "not ready".
+        (["probe", "ready"], {"INTEL_VLLM_PROBE_PORT": "99999"}, "INTEL_VLLM_PROBE_PORT must"),
+        (["probe", "live"], {"INTEL_VLLM_PROBE_PORT": "0"}, "INTEL_VLLM_PROBE_PORT must"),
+        (["probe", "ready"], {"INTEL_VLLM_PROBE_PORT": "x1"}, "INTEL_VLLM_PROBE_PORT must"),
+        (["probe", "ready"], {"INTEL_VLLM_PROBE_PORT": "²"}, "INTEL_VLLM_PROBE_PORT must"),
         (["serve", "./model"], {"INTEL_VLLM_PATCHES": "bogus"}, "unknown patch name(s) bogus"),
         (["serve", "./model"], {"INTEL_VLLM_PATCHES_DISABLE": "fast-exit,x"}, "patch name(s) x"),
         (["serve", "./model"], {"TMPDIR": "/nonexistent-tmp"}, "TMPDIR /nonexistent-tmp does not"),
@@ -277,4 +282,4 @@ def test_serve_with_good_inputs_still_starts(run):
 def test_probe_fast_path_with_a_non_ascii_digit(tmp_path):
     """launch.py's fast probe path: '²'.isdigit() holds and int('²') raises."""
     r = entrypoint(tmp_path, "probe", "ready", env={"INTEL_VLLM_PROBE_PORT": "²"})
-    assert r.returncode in (1, 64) and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == 64 and "Traceback" not in r.stderr, r.stderr

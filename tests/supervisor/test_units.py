@@ -238,3 +238,14 @@ def test_xpu_serve_without_a_render_node_is_refused_in_one_line(tmp_path):
     assert missing_device({"VLLM_TARGET_DEVICE": "xpu"}, dri) is None
     assert missing_device({"VLLM_TARGET_DEVICE": "cpu"}, tmp_path / "none") is None
     assert missing_device({}, tmp_path / "none") is None
+
+
+def test_compile_cache_line_says_empty_or_warm(tmp_path):
+    from vllm_intel.supervisor import cli
+
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "ind"), "VLLM_CACHE_ROOT": str(tmp_path / "v")}
+    assert cli.compile_cache_line(env).endswith(": empty, this start compiles")
+    (tmp_path / "v" / "torch_compile_cache" / "abc").mkdir(parents=True)
+    (tmp_path / "v" / "torch_compile_cache" / "abc" / "graph.py").write_text("")
+    line = cli.compile_cache_line(env)
+    assert f"{tmp_path}/v/torch_compile_cache 1 file(s)" in line and ": warm" in line

@@ -28,6 +28,43 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
     return env
 
 
+def compile_caches(env: dict[str, str]) -> list[pathlib.Path]:
+    """Where vLLM's processes keep what they compile: torch inductor's kernels and vLLM's
+    torch.compile cache (VLLM_CACHE_ROOT, by default $XDG_CACHE_HOME/vllm or ~/.cache/vllm)."""
+    cache = env.get("XDG_CACHE_HOME") or str(pathlib.Path.home() / ".cache")
+    vllm_root = env.get("VLLM_CACHE_ROOT") or os.path.join(cache, "vllm")
+    return [
+        pathlib.Path(env["TORCHINDUCTOR_CACHE_DIR"]),
+        pathlib.Path(vllm_root) / "torch_compile_cache",
+    ]
+
+
+MAX_COUNTED = 10000  # a look, not an inventory: the line must not delay the start
+
+
+def compile_cache_line(env: dict[str, str]) -> str:
+    """One line before the start: are the compile caches warm? vLLM reuses an entry only when
+    its key (release, model, settings; torch's for the kernels) matches, and says so itself."""
+    counts = []
+    for path in compile_caches(env):
+        n = 0
+        for _root, _dirs, files in os.walk(path):
+            n += len(files)
+            if n >= MAX_COUNTED:
+                break
+        counts.append(f"{path} {f'{n}+' if n >= MAX_COUNTED else n} file(s)")
+    empty = all(c.endswith(" 0 file(s)") for c in counts)
+    return (
+        "compile caches: "
+        + ", ".join(counts)
+        + (
+            ": empty, this start compiles"
+            if empty
+            else ": warm, a start of the same release, model and settings reuses them"
+        )
+    )
+
+
 def missing_device(env=os.environ, dri: pathlib.Path = pathlib.Path("/dev/dri")) -> str | None:
     """Why `serve` cannot start on this image's device, or None. Only the XPU image asks: without a
     render node vLLM finds no platform and dies in a traceback far from the cause."""
@@ -77,13 +114,15 @@ def supervise(sup, cfg: settings.ServeConfig, plan: resources.Plan, probe_port: 
         resources.check_shm(settings.shm_dir(), plan.shm_needed)
         settings.check_port(cfg.host, cfg.port)
         log(plan.line())
+        env = child_env(run.path, plan.env)
+        log(compile_cache_line(env))
         Supervisor.block_signals()
         if probe_port is not None:
             try:
                 probes.serve_http(probe_port, cfg.url, lambda: sup.state)
             except OSError as e:
                 raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
-        failed = sup.spawn(child_env(run.path, plan.env), plan.pin)
+        failed = sup.spawn(env, plan.pin)
         if failed is not None:
             return failed
         run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim
@@ -157,6 +196,9 @@ def show_help(args: list[str]) -> int:
 def probe(args: list[str]) -> int:
     from .probes import probe as run_probe
 
+    # launch.main asks a valid probe port itself; here a set but invalid one is a config error
+    # (exit 64, one line), never "not ready" from a probe that asked nobody.
+    settings.probe_port()
     return run_probe(args)
 
 

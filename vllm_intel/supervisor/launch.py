@@ -32,6 +32,7 @@ def main(argv: list[str]) -> int:
         and argv[1] in ("ready", "live")
         and probe_port.isascii()  # '²'.isdigit() too, and int('²') raises
         and probe_port.isdigit()
+        and 0 < int(probe_port[:6]) < 65536  # else cli.main refuses it in one line (exit 64)
     ):
         return probe_over_http(argv[1], int(probe_port))
     from .cli import main as cli_main
