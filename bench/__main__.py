@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,stall,image,rolling]
+"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,stall,image,rolling,real]
 
 Measures each figure for our variant and its alternative in one run on this machine, alternating
 A/B/A/B so drift hits both alike, prints a Markdown table (min / median / max of the repeats) and
@@ -28,6 +28,7 @@ SECTIONS = (
     "patches",
     "drain",
     "rolling",
+    "real",
 )  # cheapest first: a partial run keeps the most
 
 

@@ -77,6 +77,7 @@ def start(
     version: str = DEFAULT_VLLM,
     env: dict | None = None,
     name: str = "server",
+    model: pathlib.Path = MODEL,
 ) -> Server:
     """Start `entrypoint.py serve MODEL FLAGS` (kind "ours") or `vllm serve MODEL FLAGS` ("bare").
 
@@ -86,7 +87,7 @@ def start(
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="bn-", dir="/tmp"))
     full_env = {"TMPDIR": str(tmp), "INTEL_VLLM_STATE_FILE": str(tmp / "state.json"), **(env or {})}
     if kind == "ours":
-        argv = [python, str(ROOT / "entrypoint.py"), "serve", str(MODEL)]
+        argv = [python, str(ROOT / "entrypoint.py"), "serve", str(model)]
     else:
         # entrypoint.py keeps inductor's compiled kernels across runs in this directory; without
         # it a bare vLLM compiles them into the fresh TMPDIR each time: give it the same cache so
@@ -95,7 +96,7 @@ def start(
         vllm = pathlib.Path(python).parent / "vllm"
         argv = ([str(vllm)] if vllm.exists() else [python, "-m", "vllm.entrypoints.cli.main"]) + [
             "serve",
-            str(MODEL),
+            str(model),
         ]
     RESULTS.mkdir(parents=True, exist_ok=True)
     logs = RESULTS / "logs"

@@ -5,13 +5,13 @@ Containers of the image (`serve --enforce-eager`, `--shm-size 1g --memory 4g`), 
 started one after the other and then all running at once; by default these four (`--limits-arms`
 picks some, e.g. the goal's pair for more rounds in the same time, or `cpuset,cpuset1`: two alike
 arms on CPUs 0 and 1, the noise floor of a pair on this host):
-- quota+plan:  `--cpus 1` (a quota smaller than the 2-CPU affinity set), the plan as shipped:
-  every vLLM process pinned to one CPU (INTEL_VLLM_CPU_PLAN=pin, the default since 2026-12-01 21:00);
+- quota+plan:  `--cpus 1 -e INTEL_VLLM_CPU_PLAN=pin` (a quota smaller than the 2-CPU affinity set),
+  the plan with its opt-in pin: every vLLM process pinned to one CPU;
 - quota-plan:  `--cpus 1 -e INTEL_VLLM_CPU_PLAN=0` (vLLM's own thread choice; KV cache 1 GiB);
 - cpuset:      `--cpuset-cpus 0` (one CPU as a cpuset; the plan has nothing to change), moved
   before each round to the CPU the pinned arm is on (follow_the_pin);
-- unpinned:    `--cpus 1 -e INTEL_VLLM_CPU_PLAN=1` (the plan without the pin: the processes run on
-  both CPUs); quota+plan against it is what the pin buys, running on one CPU instead of two.
+- unpinned:    `--cpus 1 -e INTEL_VLLM_CPU_PLAN=1` (the plan as shipped, without the pin: the
+  processes run on both CPUs); quota+plan against it is what the pin buys, one CPU instead of two.
 `cpuset-quota` (the cpuset with `--cpus 1` on top) separates what the quota alone costs.
 `--limits-starts N` starts the arms N times (fresh containers, rotated start order) and splits the
 rounds between the starts: whatever makes one container serve unlike the next then varies within
@@ -59,7 +59,7 @@ from .dockerutil import IMAGE, docker, engine
 # server (seen: "Available memory on node 0 (18.15/21.84 GiB) ... is less than desired").
 COMMON = ["--shm-size", "1g", "--memory", "4g"]
 ARMS = {
-    "quota+plan": ["--cpus", "1"],
+    "quota+plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=pin"],
     "quota-plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=0", "-e", "VLLM_CPU_KVCACHE_SPACE=1"],
     "cpuset": ["--cpuset-cpus", "0"],
     "unpinned": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=1"],
@@ -67,7 +67,14 @@ ARMS = {
     # alike arms (`--limits-arms cpuset,cpuset1`)
     "cpuset1": ["--cpuset-cpus", "1"],
     # not run by default: the pin with vLLM's own spin (sched_yield) instead of the readers' wait
-    "pinned-spin": ["--cpus", "1", "-e", "VLLM_SHM_BROADCAST_BUSY_SLEEP_S=0"],
+    "pinned-spin": [
+        "--cpus",
+        "1",
+        "-e",
+        "INTEL_VLLM_CPU_PLAN=pin",
+        "-e",
+        "VLLM_SHM_BROADCAST_BUSY_SLEEP_S=0",
+    ],
     # not run by default: the cpuset with the pin's OpenMP setup (nobind, OMP_NUM_THREADS) instead
     # of vLLM's `auto` binding: against "cpuset", what that setup costs on the same CPU
     "cpuset-nobind": [

@@ -1,8 +1,8 @@
 """The CPU image in the container it is given: plain `docker run` (Docker's 64 MiB /dev/shm) fails
 in one line within seconds; with the README's flags plus a CPU quota and a memory limit it logs
 its plan (threads from the quota; KV cache from the limit; shm queue readers woken by
-their writer), every vLLM process runs on the one CPU the plan names, moved off it when someone
-else's work is pinned there, and it serves."""
+their writer) and serves; with the pin asked for, every vLLM process runs on the one CPU the plan
+names, moved off it when someone else's work is pinned there."""
 
 from __future__ import annotations
 
@@ -36,12 +36,13 @@ def test_plain_docker_run_fails_in_one_line_naming_the_fix(cpu_image):
 
 @pytest.mark.slow
 def test_under_a_quota_and_memory_limit_it_logs_the_plan_pins_and_serves(cpu_image):
-    """`--cpus 1 --memory 4g` of 2+ CPUs, nothing else set: one OpenMP thread, the KV cache from
-    the limit, vLLM's shm readers' spin kept (one CPU); every vLLM process (API server, engine core,
-    worker) on the one CPU the plan names, the supervisor unpinned; it serves; and a busy loop
-    pinned to that CPU from outside makes the supervisor move them all to another one."""
+    """`--cpus 1 --memory 4g` of 2+ CPUs with the pin asked for (INTEL_VLLM_CPU_PLAN=pin, opt-in):
+    one OpenMP thread, the KV cache from the limit, vLLM's shm readers' spin kept (one CPU); every
+    vLLM process (API server, engine core, worker) on the one CPU the plan names, the supervisor
+    unpinned; it serves; and a busy loop pinned to that CPU from outside makes the supervisor move
+    them all to another one."""
     name = f"vllm-intel-limits-{uuid.uuid4().hex[:8]}"
-    args = ["--shm-size", "1g", "--cpus", "1", "--memory", "4g"]
+    args = ["--shm-size", "1g", "--cpus", "1", "--memory", "4g", "-e", "INTEL_VLLM_CPU_PLAN=pin"]
     with Container(name, cpu_image(), args) as c:
         c.wait_ready(300)
         logs = c.logs()

@@ -129,10 +129,10 @@ def test_quota_below_the_affinity_set_sets_floor_quota_threads(tmp_path, quota, 
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert p.env["OMP_NUM_THREADS"] == threads
     assert f"OMP_NUM_THREADS={threads}" in p.line()
-    if mode == "1":  # the plan without the pin
-        assert p.pin is None and "not pinned" in p.line(), p.line()
-    else:  # the default, and `pin` said explicitly
+    if mode == "pin":  # opt-in
         assert p.pin and "all vLLM processes pinned to CPU" in p.line(), p.line()
+    else:  # the default, and `1` said explicitly: the plan without the pin
+        assert p.pin is None and "not pinned" in p.line(), p.line()
 
 
 @pytest.mark.parametrize("quota", ["400000 100000", "800000 100000", "max 100000"])
@@ -295,7 +295,7 @@ def test_the_default_pin_leaves_the_users_threads_alone(tmp_path, yours):
 )
 def test_pin_takes_one_cpu_per_core_before_siblings(tmp_path, idle, pinned):
     lim = limits(tmp_path, v2(tmp_path, "200000 100000"), smt=2)  # cores {0,1} {2,3}
-    p = plan(lim, idle=lambda cpus: idle)
+    p = plan(lim, env=PIN, idle=lambda cpus: idle)
     assert p.pin == sorted(pinned), p.line()
 
 

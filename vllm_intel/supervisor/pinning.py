@@ -1,4 +1,4 @@
-"""The pin follows free CPUs: under a CPU quota the plan (INTEL_VLLM_CPU_PLAN=pin, the default)
+"""The pin follows free CPUs: under a CPU quota the plan (INTEL_VLLM_CPU_PLAN=pin, opt-in)
 confines every vLLM process to ceil(quota) CPUs, the idlest at start (resources.plan). Later
 others may load those CPUs: two replicas started together saw the same idle CPUs and pinned to
 them, or a neighbour pinned its own work there. The kernel moves unpinned work away from a busy

@@ -19,13 +19,14 @@ CPUs beside the OpenMP threads (on more than one CPU), they block until the writ
 instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the shm-busy-sleep patch). And its KV cache is either a
 fixed `VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
 
-Under a quota the processes would still run on every allowed CPU, and each token's round trip
-(API server -> engine core -> worker and back) wakes a process on another CPU: more CPU per token
-than the same processes on one CPU, and far more throttled CFS periods (docs/bench.md, "limits"). So under a quota the plan confines every vLLM process to ceil(quota) CPUs
-(`INTEL_VLLM_CPU_PLAN=pin`, the default; `1` = the same plan unpinned): the idlest at start, one per
-physical core first. That is right only where nobody else is confined to the same CPUs, which a
-container cannot know at start (replicas starting together see the same idle CPUs): the supervisor
-moves the pin off CPUs that others load later (pinning.py).
+Under a quota the processes still run on every allowed CPU, and each token's round trip (API
+server -> engine core -> worker and back) wakes a process on another CPU: more CPU per token than
+the same processes on one CPU, and more throttled CFS periods (docs/bench.md, "limits"). With
+`INTEL_VLLM_CPU_PLAN=pin` (opt-in) the plan confines every vLLM process to ceil(quota) CPUs, the
+idlest at start, one per physical core first, and the supervisor moves the pin off CPUs that others
+load later (pinning.py). It is not the default (`1`, the same plan unpinned): a container cannot
+know who else is confined to the same CPUs, and nothing in PID 1 changes vLLM's placement while
+it runs unless asked.
 """
 
 from __future__ import annotations
@@ -426,12 +427,12 @@ def plan(
 ) -> Plan:
     """The plan for `vllm serve [MODEL] FLAGS` in `limits`. Raises ConfigError when the
     container cannot hold what vLLM needs (memory). `idle(cpus)`: each CPU's idle time, asked
-    only when the plan pins (INTEL_VLLM_CPU_PLAN=pin, the default, under a CPU quota)."""
+    only when the plan pins (INTEL_VLLM_CPU_PLAN=pin, opt-in, under a CPU quota)."""
     tp, pp = parallel(flags)  # resolved once: it may read a --config file
     workers = tp * pp
     shm_needed = sum(size for _, size in _segments(flags, tp, pp, env))
     explicit = bool(env.get("INTEL_VLLM_CPU_PLAN"))
-    mode = env.get("INTEL_VLLM_CPU_PLAN") or "pin"
+    mode = env.get("INTEL_VLLM_CPU_PLAN") or "1"
     if mode not in PLAN_MODES:
         raise ConfigError(
             f"INTEL_VLLM_CPU_PLAN must be one of {', '.join(PLAN_MODES)}, not {mode!r}"

@@ -187,21 +187,20 @@ SETTINGS = (
     ),
     Setting(
         "INTEL_VLLM_CPU_PLAN",
-        "`pin`",
-        "CPU image: `pin` = OpenMP threads from the CPU quota (`OMP_NUM_THREADS`) and, under a "
-        "quota below the allowed CPUs, every vLLM process confined to ceil(quota) CPUs, the "
-        "idlest at start (one per physical core first), moved when other work loads them; "
-        "vLLM's shared-memory queue readers waiting for the writer's wake-up instead of spinning "
-        "under that quota (unless pinned to one CPU under a one-CPU quota: a one-CPU cpuset in "
-        "all but name) or with fewer than 2 CPUs beside vLLM's OpenMP threads on more than one "
-        "CPU (`VLLM_SHM_BROADCAST_BUSY_SLEEP_S`); "
-        "`VLLM_CPU_KVCACHE_SPACE` from the memory limit "
-        "(see `entrypoint.py plan`, docs/deploy.md); `1` = the same without confining "
-        "processes; `0` = leave vLLM's own defaults. "
+        "`1`",
+        "CPU image: `1` = OpenMP threads from the CPU quota (`OMP_NUM_THREADS`); vLLM's "
+        "shared-memory queue readers waiting for the writer's wake-up instead of spinning under "
+        "a quota below the allowed CPUs or with fewer than 2 CPUs beside vLLM's OpenMP threads "
+        "on more than one CPU (`VLLM_SHM_BROADCAST_BUSY_SLEEP_S`); `VLLM_CPU_KVCACHE_SPACE` "
+        "from the memory limit (see `entrypoint.py plan`, docs/deploy.md). `pin` (opt-in) = the "
+        "same and, under a quota below the allowed CPUs, every vLLM process confined to "
+        "ceil(quota) CPUs, the idlest at start (one per physical core first), moved while it runs "
+        "when other work loads them (the readers wait as above, but spin when pinned to one CPU "
+        "under a one-CPU quota: a one-CPU cpuset in all but name); `0` = leave vLLM's own "
+        "defaults. "
         "Your own "
         "`VLLM_CPU_OMP_THREADS_BIND` / `OMP_NUM_THREADS` / `VLLM_SHM_BROADCAST_BUSY_SLEEP_S` / "
-        "`VLLM_CPU_KVCACHE_SPACE` always win (your threads: nothing pinned; with an explicit "
-        "`pin`, exit 64).",
+        "`VLLM_CPU_KVCACHE_SPACE` always win (your threads: nothing pinned; with `pin`, exit 64).",
     ),
     Setting(
         "INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
