@@ -103,8 +103,12 @@ def drain(kind: str, shape: str, path, caches, tokens: int, label: str) -> dict:
             {
                 "ready_warm_s": round(t_ready, 1),
                 "finished": finished,
-                "in_flight": sum(1 for r in results if r.ended >= t_term),
-                "last_stream_s": round(max(r.ended for r in results) - t_term, 1),
+                # a client still waiting (no end yet) was in flight too: cut without an event
+                "in_flight": sum(1 for r in results if not r.ended or r.ended >= t_term),
+                "still_waiting": sum(1 for r in results if not r.ended),
+                "last_stream_s": round(max(r.ended for r in results) - t_term, 1)
+                if all(r.ended for r in results)
+                else None,
                 "forecast_need_s": int(need.group(1)) if need else None,
                 "exit_code": code,
                 "exit_s": round(took, 1) if isinstance(took, float) else took,
