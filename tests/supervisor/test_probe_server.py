@@ -210,8 +210,8 @@ def test_parse_port():
 
 @pytest.mark.parametrize("probe_port", ["99999", "0", "abc", "²", "١٢٣"])
 def test_a_bad_probe_port_in_the_env_is_no_traceback(probe_port):
-    """entrypoint.py probe asks the probe port only when INTEL_VLLM_PROBE_PORT is a port; else
-    the state file answers (here: none), in one line."""
+    """entrypoint.py probe asks the probe port only when INTEL_VLLM_PROBE_PORT is a port; a set
+    value that is none is a configuration error: one line, exit 64 (not "not ready")."""
     run = subprocess.run(
         [sys.executable, str(ROOT / "entrypoint.py"), "probe", "ready"],
         env={
@@ -223,4 +223,6 @@ def test_a_bad_probe_port_in_the_env_is_no_traceback(probe_port):
         text=True,
         timeout=30,
     )
-    assert run.returncode == 1 and "Traceback" not in run.stderr, run
+    assert run.returncode == 64 and "Traceback" not in run.stderr, run
+    assert run.stderr.startswith("entrypoint.py: INTEL_VLLM_PROBE_PORT must be a port number")
+    assert run.stderr.count("\n") == 1, run.stderr
