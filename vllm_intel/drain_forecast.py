@@ -61,6 +61,16 @@ class Forecast:
             return out + f": {self.cut} will be cut at {self.cut_at_s:.0f} s"
         return out + ": all finish" + (f" ({self.unknown} unknown)" if self.unknown else "")
 
+    def brief(self) -> str:
+        """The supervisor's exit-line words for it."""
+        if not self.in_flight:
+            return "nothing in flight"
+        need = "time unknown" if self.need_s is None else f"the slowest needing {self.need_s:.0f} s"
+        return (
+            f"{self.in_flight} in flight, {need} of the {self.window_s:.0f} s window, "
+            f"{self.cut} to be cut"
+        )
+
 
 Sample = dict[str, tuple[int | None, int | None]]  # request id -> (generated, max_tokens)
 

@@ -156,8 +156,15 @@ def report_forecast(processor, timeout: float) -> None:
     is not delayed. Never raises: a forecast must not stop a drain."""
     cut_at = timeout - min(ABORT_LEAD_S, timeout / 4)
 
-    def report(before, after, elapsed: float) -> None:
+    def report(before, after=None, t0: float = 0.0) -> None:
         try:
+            if after is None:  # the second sample
+                after, elapsed = (
+                    drain_forecast.sample(processor.request_states),
+                    time.monotonic() - t0,
+                )
+            else:
+                elapsed = 0.0
             found = drain_forecast.forecast(
                 drain_forecast.in_flight(before, after, elapsed), timeout, cut_at, elapsed
             )
@@ -168,24 +175,14 @@ def report_forecast(processor, timeout: float) -> None:
         drain_forecast.write(found)
 
     try:
-        states = processor.request_states
-        before, t0 = drain_forecast.sample(states), time.monotonic()
+        before, t0 = drain_forecast.sample(processor.request_states), time.monotonic()
     except Exception as e:  # noqa: BLE001
         log.warning("[shutdown] API server: no drain forecast: %s", e)
         return
     if not before:
-        report(before, before, 0.0)
+        report(before, before)
         return
-
-    def later() -> None:
-        try:
-            after = drain_forecast.sample(states)
-        except Exception as e:  # noqa: BLE001
-            log.warning("[shutdown] API server: no drain forecast: %s", e)
-            return
-        report(before, after, time.monotonic() - t0)
-
-    timer = threading.Timer(min(drain_forecast.SAMPLE_S, cut_at / 2), later)
+    timer = threading.Timer(min(drain_forecast.SAMPLE_S, cut_at / 2), report, (before, None, t0))
     timer.daemon = True
     timer.start()
 

@@ -31,8 +31,7 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
 def compile_caches(env: dict[str, str]) -> list[pathlib.Path]:
     """Where vLLM's processes keep what they compile: torch inductor's kernels and vLLM's
     torch.compile cache (VLLM_CACHE_ROOT, by default $XDG_CACHE_HOME/vllm or ~/.cache/vllm)."""
-    cache = env.get("XDG_CACHE_HOME") or str(pathlib.Path.home() / ".cache")
-    vllm_root = env.get("VLLM_CACHE_ROOT") or os.path.join(cache, "vllm")
+    vllm_root = env.get("VLLM_CACHE_ROOT") or settings.cache_home(env) / "vllm"
     return [
         pathlib.Path(env["TORCHINDUCTOR_CACHE_DIR"]),
         pathlib.Path(vllm_root) / "torch_compile_cache",
@@ -45,24 +44,23 @@ MAX_COUNTED = 10000  # a look, not an inventory: the line must not delay the sta
 def compile_cache_line(env: dict[str, str]) -> str:
     """One line before the start: are the compile caches warm? vLLM reuses an entry only when
     its key (release, model, settings; torch's for the kernels) matches, and says so itself."""
-    counts = []
-    for path in compile_caches(env):
-        n = 0
-        for _root, _dirs, files in os.walk(path):
-            n += len(files)
-            if n >= MAX_COUNTED:
-                break
-        counts.append(f"{path} {f'{n}+' if n >= MAX_COUNTED else n} file(s)")
-    empty = all(c.endswith(" 0 file(s)") for c in counts)
-    return (
-        "compile caches: "
-        + ", ".join(counts)
-        + (
-            ": empty, this start compiles"
-            if empty
-            else ": warm, a start of the same release, model and settings reuses them"
-        )
+    counts = {path: count_files(path, MAX_COUNTED) for path in compile_caches(env)}
+    shown = ", ".join(
+        f"{path} {f'{n}+' if n >= MAX_COUNTED else n} file(s)" for path, n in counts.items()
     )
+    if not any(counts.values()):
+        return f"compile caches: {shown}: empty, this start compiles"
+    return f"compile caches: {shown}: warm, a start of the same release, model and settings reuses them"
+
+
+def count_files(path: pathlib.Path, limit: int) -> int:
+    """Files under `path`, counted until `limit` is reached."""
+    n = 0
+    for _root, _dirs, files in os.walk(path):
+        n += len(files)
+        if n >= limit:
+            break
+    return n
 
 
 def missing_device(env=os.environ, dri: pathlib.Path = pathlib.Path("/dev/dri")) -> str | None:

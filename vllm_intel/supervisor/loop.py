@@ -395,17 +395,7 @@ class Supervisor:
     def forecast_summary(self) -> str:
         """ "; forecast at SIGTERM: ..." from the API server's drain forecast, or "" if none."""
         found = drain_forecast.read(self.forecast_path) if self.forecast_path else None
-        if found is None:
-            return ""
-        if not found.in_flight:
-            return "; forecast at SIGTERM: nothing in flight"
-        need = (
-            "time unknown" if found.need_s is None else f"the slowest needing {found.need_s:.0f} s"
-        )
-        return (
-            f"; forecast at SIGTERM: {found.in_flight} in flight, {need} of the "
-            f"{found.window_s:.0f} s window, {found.cut} to be cut"
-        )
+        return "" if found is None else f"; forecast at SIGTERM: {found.brief()}"
 
 
 def reap_all() -> None:

@@ -708,7 +708,11 @@ def check_port(host: str | None, port: int) -> None:
             ) from None
 
 
+def cache_home(env=os.environ) -> pathlib.Path:
+    """$XDG_CACHE_HOME, else ~/.cache: where vLLM, torch and we keep caches."""
+    return pathlib.Path(env.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
+
+
 def inductor_cache(env=os.environ) -> pathlib.Path:
     """TORCHINDUCTOR_CACHE_DIR for vLLM: compiled kernels kept across runs, outside the run dir."""
-    cache = pathlib.Path(env.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache")
-    return cache / "vllm-intel" / "torchinductor"
+    return cache_home(env) / "vllm-intel" / "torchinductor"
