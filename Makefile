@@ -11,7 +11,7 @@ MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
 .PHONY: help setup model real-model run patches test test-fast test-xpu test-rolling soak lint build-cpu build-xpu up down bench \
-        xpu-env buildkite-local engine-start engine-stop clean build-lb up-replicas down-replicas \
+        xpu-env buildkite-local engine-start engine-stop clean build-lb build-prometheus up-replicas down-replicas \
         rolling-restart
 
 help: ## List the public targets
@@ -67,6 +67,9 @@ down: ## docker compose down (drains first; removes containers and networks)
 
 build-lb: ## Build the HAProxy load balancer image vllm-intel:lb (docker/Dockerfile.lb)
 	@scripts/build-image.sh lb
+
+build-prometheus: ## Build the Prometheus image of compose's monitoring profile (docker/Dockerfile.prometheus)
+	@scripts/build-image.sh prometheus
 
 up-replicas: ## Compose up INTEL_VLLM_REPLICAS (2) CPU replicas behind HAProxy on :8000, wait until healthy
 	@scripts/compose.sh -f compose.replicas.yaml up -d --wait

@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,stall,image,rolling,real]
+"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,stall,image,metrics,rolling,real]
 
 Measures each figure for our variant and its alternative in one run on this machine, alternating
 A/B/A/B so drift hits both alike, prints a Markdown table (min / median / max of the repeats) and
@@ -21,6 +21,7 @@ from .common import RAW, RESULTS, Row, cell, log, spread
 
 SECTIONS = (
     "image",
+    "metrics",
     "overhead",
     "idle",
     "limits",

@@ -27,8 +27,8 @@ from tests.harness import (
     free_port,
     shm_segments,
 )
-from vllm_intel.supervisor import settings
-from vllm_intel.supervisor.pinning import pids_cpu_s
+from vllm_intel.supervisor import paths
+from vllm_intel.supervisor.placement import pids_cpu_s
 
 MODEL = ROOT / "build" / "tiny-llama"
 RESULTS = ROOT / "bench" / "results"
@@ -92,7 +92,7 @@ def start(
         # entrypoint.py keeps inductor's compiled kernels across runs in this directory; without
         # it a bare vLLM compiles them into the fresh TMPDIR each time: give it the same cache so
         # that only the supervisor differs.
-        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.inductor_cache()))
+        full_env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.inductor_cache()))
         vllm = pathlib.Path(python).parent / "vllm"
         argv = ([str(vllm)] if vllm.exists() else [python, "-m", "vllm.entrypoints.cli.main"]) + [
             "serve",

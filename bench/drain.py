@@ -14,12 +14,12 @@ import signal
 import time
 
 from tests.harness import Streams
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import timing
 
 from .common import Row, launch, record, stop
 
 CLIENT_TIMEOUT_S = 30
-EXIT_BOUND_S = settings.grace_period(settings.DEFAULT_DRAIN_S)  # the orchestrator grace period
+EXIT_BOUND_S = timing.grace_period(timing.DEFAULT_DRAIN_S)  # the orchestrator grace period
 # Tokens per stream: each N lasts a few seconds (tiny model, eager, 2 busy cores).
 MAX_TOKENS = {1: 3000, 8: 1000, 32: 320}
 

@@ -24,6 +24,7 @@ INPUTS = (
     "docker",
     "tools",
     "vllm_intel",
+    "patches",
     "scripts",
     "pyproject.toml",
     "entrypoint.py",
@@ -132,7 +133,7 @@ def run(repeat: int, quick: bool) -> list[Row]:
         for rep in range(repeat):
             for key, path in (
                 ("entrypoint", "entrypoint.py"),
-                ("patches", "vllm_intel/patches/__init__.py"),
+                ("patches", "patches/__init__.py"),
             ):
                 with open(ctx / path, "a") as f:
                     f.write(f"# bench rebuild {time.time()} {rep}\n")
@@ -163,7 +164,7 @@ def run(repeat: int, quick: bool) -> list[Row]:
         docker("rmi", TAG, check=False)
     for key, what in (
         ("entrypoint", "entrypoint.py"),
-        ("patches", "the plugin, vllm_intel/patches/"),
+        ("patches", "the plugin, patches/"),
     ):
         rows.append(
             Row(

@@ -48,7 +48,7 @@ import time
 import psutil
 
 from tests.harness import Container
-from vllm_intel.supervisor import resources
+from vllm_intel.supervisor import limits
 
 from .common import RESULTS, Row, curl_batch, log, pair_ratios, record
 from .dockerutil import IMAGE, docker, engine
@@ -182,7 +182,7 @@ class Arm(Container):
         """The CPUs vLLM's processes may run on (the API server's affinity, read on the host)."""
         pid = docker("inspect", "-f", "{{.State.Pid}}", self.name).stdout.strip()
         for child in psutil.Process(int(pid)).children():
-            return resources.format_cpu_list(sorted(child.cpu_affinity()))
+            return limits.format_cpu_list(sorted(child.cpu_affinity()))
         return ""
 
     def measure(self, n: int, tokens: int) -> dict:

@@ -7,7 +7,7 @@ vLLM's default mode (torch.compile), alternated ours / bare.
 - tokens/s per stream at 1 / 4 / 16 concurrent streams of 128 tokens, and the time to the first
   token of a single stream;
 - the drain: 4 streams of 256 / 512 / 1024 tokens, SIGTERM 5 s after every one flows: how many
-  finished with every token. Ours with the default drain (settings.DEFAULT_DRAIN_S); our
+  finished with every token. Ours with the default drain (timing.DEFAULT_DRAIN_S); our
   forecast's "the slowest needs N s" beside the real time of the last stream.
 
 Shapes: qwen2.5-0.5b; llama-3.2-1b as well unless --quick. Each drain run is a start of its own.
@@ -24,7 +24,7 @@ import tempfile
 import time
 
 from tests.harness import ROOT, Streams
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import timing
 
 from .common import Row, launch, record, stop
 
@@ -81,7 +81,7 @@ def speeds(kind: str, shape: str, path, caches, label: str) -> dict:
 def drain(kind: str, shape: str, path, caches, tokens: int, label: str) -> dict:
     env = arm_env(kind, caches)
     if kind == "ours":
-        env["INTEL_VLLM_DRAIN_TIMEOUT"] = str(settings.DEFAULT_DRAIN_S)
+        env["INTEL_VLLM_DRAIN_TIMEOUT"] = str(timing.DEFAULT_DRAIN_S)
     s, t_ready = launch(
         kind, [], model=path, env=env, name=f"real-{shape}-{kind}-drain{tokens}-{label}",
         timeout=START_TIMEOUT_S,
@@ -91,8 +91,8 @@ def drain(kind: str, shape: str, path, caches, tokens: int, label: str) -> dict:
         streams.wait_flowing(timeout=300)
         time.sleep(5)
         t_term = s.signal(signal.SIGTERM)
-        results = streams.join(timeout=settings.grace_period(settings.DEFAULT_DRAIN_S) + 30)
-        code = s.wait(timeout=settings.grace_period(settings.DEFAULT_DRAIN_S))
+        results = streams.join(timeout=timing.grace_period(timing.DEFAULT_DRAIN_S) + 30)
+        code = s.wait(timeout=timing.grace_period(timing.DEFAULT_DRAIN_S))
         took = time.monotonic() - t_term if code is not None else "hung"
         finished = sum(
             1 for r in results if r.done and r.finish_reason == "length" and r.tokens == tokens

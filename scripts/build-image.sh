@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Build a vllm-intel image: the one copy of the build command (Makefile, tests, CI, Buildkite).
 #
-#   scripts/build-image.sh cpu|xpu|lb|xpu-stand-in [extra `docker build` args...]
+#   scripts/build-image.sh cpu|xpu|lb|prometheus|xpu-stand-in [extra `docker build` args...]
 #
 # lb is the load balancer of compose.replicas.yaml (docker/Dockerfile.lb: Debian's HAProxy on the
 # CPU image's base); it does not depend on the vLLM release and is tagged vllm-intel:lb.
+# prometheus is compose's `monitoring` profile (docker/Dockerfile.prometheus: Debian's Prometheus
+# on the same base), tagged vllm-intel:prometheus.
 # xpu-stand-in is for the tests only (tests/standins/Dockerfile.upstream-xpu): a stand-in for
 # upstream's published XPU image of VLLM_VERSION, tagged with upstream's name so that the xpu
 # build's upstream route runs on a machine without a registry. It never replaces a real image
@@ -32,8 +34,8 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 acc=${1:-}; shift || true
-case "$acc" in cpu|xpu|lb|xpu-stand-in) ;;
-  *) echo "usage: $0 cpu|xpu|lb|xpu-stand-in [docker build args...]" >&2; exit 64 ;; esac
+case "$acc" in cpu|xpu|lb|prometheus|xpu-stand-in) ;;
+  *) echo "usage: $0 cpu|xpu|lb|prometheus|xpu-stand-in [docker build args...]" >&2; exit 64 ;; esac
 
 docker=${DOCKER:-/usr/bin/docker}   # Debian's 20.10 CLI: it builds with BuildKit (no buildx needed)
 default_version=$(cat "$here/VLLM_VERSION")
@@ -59,16 +61,16 @@ if [ "$acc" = xpu-stand-in ]; then
 fi
 if [ -n "${TAG:-}" ]; then tags=("$TAG")
 elif [ "$acc" = xpu-stand-in ]; then tags=("$upstream")
-elif [ "$acc" = lb ]; then tags=("vllm-intel:lb")
+elif [ "$acc" = lb ] || [ "$acc" = prometheus ]; then tags=("vllm-intel:$acc")
 elif [ "$target" = runtime ]; then
   tags=("vllm-intel:$acc-$version")
   [ "$version" = "$default_version" ] && tags+=("vllm-intel:$acc")
 else tags=("vllm-intel:$acc-$version-$target"); fi
 
 args=(--file "$dockerfile")
-# Dockerfile.lb and the stand-in have a single stage.
+# Dockerfile.lb, Dockerfile.prometheus and the stand-in have a single stage.
 case "$acc" in
-  lb) ;;
+  lb|prometheus) ;;
   xpu-stand-in) args+=(--build-arg "VLLM_VERSION=$version") ;;
   *) args+=(--target "$target" --build-arg "VLLM_VERSION=$version") ;;
 esac
@@ -127,7 +129,7 @@ done
 if [ "$acc" != xpu ]; then "$here/scripts/base-image.sh" debian:bookworm-slim; fi
 
 [ -t 1 ] && [ -z "${CI:-}" ] || args+=(--progress=plain)
-case "$acc" in lb) target=-; version=- ;; xpu-stand-in) target=- ;; esac
+case "$acc" in lb|prometheus) target=-; version=- ;; xpu-stand-in) target=- ;; esac
 echo "build-image: $acc target=$target vllm=$version tags=${tags[*]} (DOCKER_HOST=$DOCKER_HOST)" >&2
 start=$(date +%s)
 DOCKER_BUILDKIT=1 "$docker" build "${args[@]}" "$@" "$here"

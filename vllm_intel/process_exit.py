@@ -1,11 +1,11 @@
 """Exit vLLM's processes without CPython's finalization, once everything meant to run at exit ran.
 
 Why: after its last ``atexit`` callback each vLLM process (worker, engine core, API server)
-spends 0.15-0.25 s in interpreter finalization: clearing thousands of modules, deallocating
-torch's objects, C++ static destructors (measured: a process that imported torch and vLLM's
-engine exits 0.2 s after its last Python line, 0.05 s with ``os._exit``; py-spy of a drained
-server showed each of the three in that phase, with no Python frame, one after the other, since
-each parent waits for its child to exit). Nothing in it releases what another process or the
+spends a part of its stop in interpreter finalization: clearing thousands of modules,
+deallocating torch's objects, C++ static destructors (a process that imported torch and vLLM's
+engine exits sooner with ``os._exit``; py-spy of a drained server showed each of the three in
+that phase, with no Python frame, one after the other, since each parent waits for its child to
+exit; the times: docs/bench.md, "Measured outside `make bench`", "`fast-exit`"). Nothing in it releases what another process or the
 next server needs: shared memory, sockets and the distributed groups are released by vLLM's own
 ``shutdown()`` before, the operating system reclaims the rest.
 

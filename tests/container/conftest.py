@@ -15,7 +15,7 @@ import subprocess
 import pytest
 
 from tests.harness import DEFAULT_VLLM, ROOT, build_image, docker, free_port, scripts_run
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import timing
 
 
 def run(
@@ -50,6 +50,17 @@ _LOGS: dict[tuple[str, str, str], str] = {}
 
 
 @pytest.fixture(scope="session")
+def prometheus_image(docker_host) -> str:
+    """vllm-intel:prometheus (docker/Dockerfile.prometheus), compose's `monitoring` profile."""
+    out, took = build_image("prometheus")
+    if out.returncode != 0:
+        pytest.fail(f"build-image.sh prometheus failed:\n{out.stderr[-4000:]}")
+    scripts_run.ran_in_build(out.stderr)
+    print(f"built vllm-intel:prometheus in {took:.0f} s")
+    return "vllm-intel:prometheus"
+
+
+@pytest.fixture(scope="session")
 def xpu_image(docker_host):
     """Tag of the default release's XPU runtime image, built by its upstream route on the stand-in
     of upstream's image (tests/standins), and the build's log (check-xpu-image.sh's lines)."""
@@ -79,7 +90,7 @@ class Compose:
             INTEL_VLLM_CPU_IMAGE=image,
             INTEL_VLLM_PORT=str(self.port),
             INTEL_VLLM_DRAIN_TIMEOUT=str(drain),
-            INTEL_VLLM_STOP_GRACE_PERIOD=f"{settings.grace_period(drain)}s",
+            INTEL_VLLM_STOP_GRACE_PERIOD=f"{timing.grace_period(drain)}s",
         )
         self.env_file = ROOT / "build" / f"{name}.env"
         self.env_file.parent.mkdir(exist_ok=True)

@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from tests.harness import Container, Streams, docker
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import timing
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 UID = 12345  # no entry in the image's /etc/passwd
@@ -31,7 +31,7 @@ def test_an_arbitrary_uid_in_group_0_serves_drains_and_stops(cpu_image):
         streams = Streams(c.url, model, n=2, max_tokens=1500, timeout=120)
         assert streams.wait_started(60)
         t0 = time.monotonic()
-        grace = settings.grace_period(settings.DEFAULT_DRAIN_S)
+        grace = timing.grace_period(timing.DEFAULT_DRAIN_S)
         docker("stop", "-t", str(grace), name, timeout=grace + 30)
         took = time.monotonic() - t0
         results = streams.join(60)

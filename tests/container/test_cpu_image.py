@@ -14,16 +14,27 @@ import time
 
 import pytest
 import requests
+import yaml
 
 from tests.deploy.manifests import dockerfile_env
-from tests.harness import DEFAULT_VLLM, OLD_VLLM, ROOT, Streams, docker, patch_line, wake_words
+from tests.harness import (
+    DEFAULT_VLLM,
+    OLD_VLLM,
+    ROOT,
+    Streams,
+    docker,
+    free_port,
+    patch_line,
+    prometheus,
+    wake_words,
+)
 from tests.harness.models import REPO
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import timing
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-DRAIN = settings.DEFAULT_DRAIN_S
-GRACE = settings.grace_period(DRAIN)
+DRAIN = timing.DEFAULT_DRAIN_S
+GRACE = timing.grace_period(DRAIN)
 STREAMS, STREAM_TOKENS = 8, 900  # ~5 s per stream at ~1300 tok/s over 8: in flight at the stop
 IDLE_STOP_S = 3  # an idle server must not make `docker stop` wait
 HF_HOME = dockerfile_env("cpu")["HF_HOME"]
@@ -36,7 +47,30 @@ def stack(request, cpu_image, compose_project):
     c = compose_project(cpu_image(version), drain=DRAIN)
     c.version = version
     c.image = cpu_image(version)
+    c.prometheus = None
+    if version == DEFAULT_VLLM:  # with the `monitoring` profile: Prometheus scrapes it all along
+        c.prometheus = monitoring(c, request.getfixturevalue("prometheus_image"))
     return c
+
+
+def monitoring(c, image: str) -> prometheus.Prometheus:
+    """Turn on the project's `monitoring` profile: the shipped scrape jobs and alerts, scraped
+    every second (the shipped 15 s would miss a drain of the tiny model), and a linger long
+    enough for the last scrape of a drain."""
+    config = yaml.safe_load((ROOT / "deploy" / "monitoring" / "prometheus.yml").read_text())
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    path = ROOT / "build" / f"{c.name}-prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o644)
+    port = free_port()
+    c.env.update(
+        COMPOSE_PROFILES="monitoring",
+        INTEL_VLLM_PROMETHEUS_IMAGE=image,
+        INTEL_VLLM_PROMETHEUS_PORT=str(port),
+        INTEL_VLLM_PROMETHEUS_CONFIG=str(path),
+        INTEL_VLLM_METRICS_LINGER_S="3",
+    )
+    return prometheus.Prometheus(port)
 
 
 def test_up_becomes_healthy(stack):
@@ -140,7 +174,7 @@ def test_compose_stop_drains_streams(stack):
     streams = Streams(stack.url, stack.served_model(), STREAMS, STREAM_TOKENS, timeout=120)
     assert streams.wait_started(120), "a stream produced no token"  # every stream generating
     t0 = time.monotonic()
-    r = stack("stop", timeout=GRACE + 60, check=False)
+    r = stack("stop", stack.service, timeout=GRACE + 60, check=False)
     took = time.monotonic() - t0
     results = streams.join(60)
     state = stack.inspect()["State"]
@@ -158,6 +192,22 @@ def test_compose_stop_drains_streams(stack):
     assert not bad, f"streams not completed with [DONE]: {bad}\n{stack.logs()}"
     assert state["ExitCode"] == 0, stack.logs()
     assert took < GRACE, f"stop took {took:.1f} s: the engine had to kill it (grace {GRACE} s)"
+    if stack.prometheus:
+        scraped_the_drain(stack.prometheus, in_flight)
+
+
+def scraped_the_drain(prom: prometheus.Prometheus, in_flight: int) -> None:
+    """What compose's Prometheus scraped through the stop (the series are stale now: the
+    supervisor is gone, hence last_over_time) says what the client saw."""
+    for job in ("vllm", "vllm-intel"):  # both of the shipped jobs reached their targets
+        assert prom.value(f'max_over_time(up{{job="{job}"}}[10m])') == 1, job
+    last = lambda name: prom.value(f"last_over_time({name}[10m])")  # noqa: E731
+    assert last("vllm_intel_drain_in_flight_requests") == in_flight
+    assert last('vllm_intel_drains_total{outcome="finished"}') == 1
+    assert last("vllm_intel_drain_aborted_requests") == 0
+    # the shipped alert rules are loaded, and the drain that cut nothing fired none of them
+    rules = prom.query("count(ALERTS) or vector(0)")
+    assert rules is not None and float(rules[0]["value"][1]) == 0
 
 
 def test_hf_cache_volume_serves_a_repo_id(stack, tmp_path):

@@ -18,7 +18,7 @@ import pytest
 import requests
 
 from tests.harness import Container, docker, patch_line, poll, wake_words
-from vllm_intel.supervisor.settings import Exit
+from vllm_intel.supervisor.errors import Exit
 
 pytestmark = [pytest.mark.docker]
 MOVED = re.compile(r"\] pin: CPU \S+ carried .*, CPU (\S+) [0-9.]+: moved")  # the pin's new CPU

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from tests.harness import DEFAULT_VLLM, ROOT, Streams, docker
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import timing
 
 pytestmark = [pytest.mark.docker, pytest.mark.soak]
 
@@ -125,7 +125,7 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_
             )
             assert left_by_crash[0] > 0, "the crash left nothing behind: the case is not exercised"
             continue
-        docker("stop", "-t", str(settings.grace_period(settings.DEFAULT_DRAIN_S)), cid, timeout=120)
+        docker("stop", "-t", str(timing.grace_period(timing.DEFAULT_DRAIN_S)), cid, timeout=120)
         results = streams.join()
         state = c.inspect()["State"]
         assert state["ExitCode"] == 0, c.logs()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import io
+import os
 import pathlib
 import re
 import shlex
@@ -59,6 +60,24 @@ def render(overlay: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(render_text(overlay)) if d]
 
 
+def render_with_component(tmp: pathlib.Path, component: str, overlay: str = "cpu") -> str:
+    """kustomize of `overlay` with components/`component` on top (an overlay made in `tmp`, as a
+    user writes one); the rendered YAML, also left in tmp/all.yaml for kubernetes-validate."""
+    made = tmp / "overlay"
+    made.mkdir()
+    (made / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        f"resources: [{os.path.relpath(K8S / overlay, made)}]\n"
+        f"components: [{os.path.relpath(K8S / 'components' / component, made)}]\n"
+    )
+    out = subprocess.run(
+        [kubectl(), "kustomize", str(made)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    (tmp / "all.yaml").write_text(out.stdout)
+    return out.stdout
+
+
 def one(docs: list[dict], kind: str) -> dict:
     found = [d for d in docs if d["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, got {len(found)}"
@@ -90,6 +109,11 @@ def prestop_seconds(c: dict) -> float:
 
 def compose() -> dict:
     return yaml.safe_load((ROOT / "compose.yaml").read_text())
+
+
+def vllm_services() -> dict[str, dict]:
+    """compose.yaml's vLLM services (vllm-cpu, vllm-xpu), not the monitoring one."""
+    return {n: s for n, s in compose()["services"].items() if n.startswith("vllm-")}
 
 
 def compose_default(value: str) -> str:

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import errors
 
 from .manifests import ROOT, dockerfile_env, one, render, render_text
 from .test_k8s import K8S_VERSIONS
@@ -124,5 +124,5 @@ def test_init_container_command_offline_is_a_noop(tmp_path):
 
 def test_init_container_command_fails_with_69_when_the_hub_is_unreachable(tmp_path):
     r = run_init_container({"HF_ENDPOINT": "http://127.0.0.1:9"}, tmp_path)
-    assert r.returncode == settings.Exit.PREFETCH, r.stderr
+    assert r.returncode == errors.Exit.PREFETCH, r.stderr
     assert "cannot download Qwen/" in r.stderr and "Traceback" not in r.stderr

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import timing
 
 from .manifests import (
     K8S,
@@ -22,13 +22,15 @@ from .manifests import (
     compose_default,
     container,
     dockerfile_app_stage,
+    dockerfile_env,
     env,
-    kubectl,
     one,
     pod_spec,
     prestop_seconds,
     render,
     render_text,
+    render_with_component,
+    vllm_services,
 )
 
 # The Kubernetes releases whose bundled schemas (kubernetes-validate, offline) must accept the
@@ -89,14 +91,14 @@ def test_grace_period_is_prestop_plus_entrypoint_grace(overlay):
     prestop = prestop_seconds(c)
     grace = entrypoint_grace(env(c))  # DRAIN + 15 with the pod's own env (device included)
     drain = int(env(c)["INTEL_VLLM_DRAIN_TIMEOUT"])
-    assert grace >= settings.grace_period(drain)
+    assert grace >= timing.grace_period(drain)
     assert spec["terminationGracePeriodSeconds"] == prestop + grace, (
         f"{overlay}: terminationGracePeriodSeconds {spec['terminationGracePeriodSeconds']} != "
         f"preStop {prestop:g} + entrypoint grace-period {grace}"
     )
     # A preStop long enough for endpoint removal to propagate, short next to the drain.
     assert 2 <= prestop <= 15
-    assert prestop == settings.PRESTOP_S  # the value docs/deploy.md shows
+    assert prestop == timing.PRESTOP_S  # the value docs/deploy.md shows
 
 
 def test_grace_formula_is_written_next_to_the_value():
@@ -105,7 +107,7 @@ def test_grace_formula_is_written_next_to_the_value():
 
 
 def test_compose_grace_period_matches_entrypoint():
-    svcs = compose()["services"]
+    svcs = vllm_services()
     for name, svc in svcs.items():
         drain = compose_default(svc["environment"]["INTEL_VLLM_DRAIN_TIMEOUT"])
         grace = compose_default(svc["stop_grace_period"])
@@ -135,7 +137,7 @@ def test_probes_and_prestop_use_the_image_paths(overlay):
     assert c["lifecycle"]["preStop"]["exec"]["command"][0] == entry[0]
     # The image's HEALTHCHECK and compose's healthcheck run the same readiness command.
     assert stage["HEALTHCHECK"][-1].split("CMD", 1)[1].strip() == json.dumps(PROBE + ["ready"])
-    for svc in compose()["services"].values():
+    for svc in vllm_services().values():
         assert svc["healthcheck"]["test"] == ["CMD", *PROBE, "ready"]
     # The startup budget covers at least the image's HEALTHCHECK start period (model loading).
     start_period = int(re.search(r"--start-period=(\d+)s", stage["HEALTHCHECK"][-1]).group(1))
@@ -158,12 +160,16 @@ def test_exec_form_only(overlay):
 def test_port_agrees_with_image_and_compose(overlay):
     docs = render(overlay)
     c = container(overlay)
-    (port,) = c["ports"]
+    ports = {p["name"]: p for p in c["ports"]}
+    assert sorted(ports) == ["http", "probes"]
+    port = ports["http"]
     assert port["containerPort"] == 8000
+    # the probe port: the image's INTEL_VLLM_PROBE_PORT, asked by the probes, scraped for metrics
+    assert ports["probes"]["containerPort"] == int(dockerfile_env(overlay)["INTEL_VLLM_PROBE_PORT"])
     assert dockerfile_app_stage(overlay)["EXPOSE"] == ["8000"]
     svc = one(docs, "Service")["spec"]["ports"][0]
     assert svc["targetPort"] in (port["name"], port["containerPort"]) and svc["port"] == 8000
-    for s in compose()["services"].values():
+    for s in vllm_services().values():
         assert all(p.endswith(":8000") for p in s["ports"])
     # The probes reach the server on the entrypoint's default port: nothing may move it.
     assert "INTEL_VLLM_PORT" not in env(c) and "--port" not in c.get("args", [])
@@ -192,7 +198,7 @@ def test_writable_paths_are_empty_dirs_and_shm_is_memory(overlay):
     shm = mounts["/dev/shm"]["emptyDir"]
     assert shm["medium"] == "Memory"
     # The same size compose gives the container (shm_size).
-    for s in compose()["services"].values():
+    for s in vllm_services().values():
         assert gi(compose_default(s["shm_size"])) == gi(shm["sizeLimit"])
     # And it fits in the memory limit it is counted against.
     assert gi(c["resources"]["limits"]["memory"]) > gi(shm["sizeLimit"])
@@ -238,7 +244,7 @@ def test_standard_labels_and_selectors(overlay):
 
 
 def test_compose_vllm_services_are_hardened_like_the_pod():
-    """What the pod's securityContext drops, the compose services drop too."""
+    """What the pod's securityContext drops, every compose service drops too (monitoring's)."""
     for name, svc in compose()["services"].items():
         assert svc["cap_drop"] == ["ALL"], name
         assert "no-new-privileges:true" in svc["security_opt"], name
@@ -248,18 +254,7 @@ def test_compose_vllm_services_are_hardened_like_the_pod():
 def test_network_policy_example_renders_validates_and_selects_the_pods(tmp_path):
     """The example component on the cpu overlay: strict-valid, it selects the Deployment's pods,
     and the ports it lets in are the server's and the probe port the probes use."""
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        f"resources: [{os.path.relpath(K8S / 'cpu', overlay)}]\n"
-        f"components: [{os.path.relpath(K8S / 'components' / 'network-policy', overlay)}]\n"
-    )
-    out = subprocess.run(
-        [kubectl(), "kustomize", str(overlay)], capture_output=True, text=True, timeout=60
-    )
-    assert out.returncode == 0, out.stderr
-    (tmp_path / "all.yaml").write_text(out.stdout)
+    out_text = render_with_component(tmp_path, "network-policy")
     check = subprocess.run(
         [sys.executable, "-m", "kubernetes_validate", "--strict", str(tmp_path / "all.yaml")],
         capture_output=True,
@@ -267,7 +262,7 @@ def test_network_policy_example_renders_validates_and_selects_the_pods(tmp_path)
         timeout=120,
     )
     assert check.returncode == 0 and check.stdout.count("passed") == 4, check.stdout
-    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    docs = [d for d in yaml.safe_load_all(out_text) if d]
     policy, deploy = one(docs, "NetworkPolicy"), one(docs, "Deployment")
     labels = deploy["spec"]["template"]["metadata"]["labels"]
     assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()

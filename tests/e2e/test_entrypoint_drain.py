@@ -5,6 +5,9 @@ Each test starts its own server (~25-60 s on 2 cores); they are marked slow and 
 
 from __future__ import annotations
 
+import contextlib
+import json
+import pathlib
 import re
 import signal
 import time
@@ -12,7 +15,8 @@ import time
 import pytest
 import requests
 
-from tests.harness import Senders, Streams
+from tests.deploy.test_monitoring import dashboard_queries
+from tests.harness import Senders, Streams, free_port, prometheus
 
 from .conftest import assert_nothing_left, probe
 
@@ -26,11 +30,50 @@ FORECAST = re.compile(
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
-def test_sigterm_mid_stream_drains_every_request(serve, mode):
-    s = serve(*(["--enforce-eager"] if mode == "eager" else []))
+def test_sigterm_mid_stream_drains_every_request(serve, mode, tmp_path):
+    """compiled: also with the probe port on and Debian's Prometheus scraping vLLM's and the
+    supervisor's /metrics every second: every query of the Grafana dashboard returns data from
+    the serving server, and after the stop the supervisor's series say what the client saw (8 in
+    flight, none aborted, the stop finished)."""
+    probe_port = free_port()
+    env = {"INTEL_VLLM_PROBE_PORT": str(probe_port), "INTEL_VLLM_METRICS_LINGER_S": "2"}
+    s = serve(
+        *(["--enforce-eager"] if mode == "eager" else []), env=env if mode == "compiled" else None
+    )
+    prom = (
+        contextlib.nullcontext()
+        if mode == "eager"
+        else prometheus.running(
+            tmp_path, {"vllm": [f"127.0.0.1:{s.port}"], "vllm-intel": [f"127.0.0.1:{probe_port}"]}
+        )
+    )
+    with prom as scraper:
+        drain_and_check(s, mode, scraper)
+
+
+def dashboard_answers(scraper) -> None:
+    """Every dashboard query returns data (the throttling one where this host's cgroup counts
+    CFS periods: not every cgroup v2 has the cpu controller on)."""
+    assert scraper.until("count(up == 1)", 2, 30) == 2, "Prometheus never scraped both"
+    # every vLLM process reported its patch states to the supervisor's /metrics
+    kinds = scraper.query('count by (process) (vllm_intel_patch_state{patch="drain-deadline"})')
+    assert {k["metric"]["process"] for k in kinds or []} >= {"API server", "EngineCore"}, kinds
+    throttling = scraper.value("count(vllm_intel_cpu_periods_total)") is not None
+    for title, expr in dashboard_queries():
+        if "throttled" in expr and not throttling:
+            continue
+        end = time.monotonic() + 20
+        while not scraper.query(expr) and time.monotonic() < end:
+            time.sleep(0.5)
+        assert scraper.query(expr), (title, expr)
+
+
+def drain_and_check(s, mode, scraper) -> None:
     # SIGTERM once vLLM counts all 8 running; 3000 tokens each then take 10-15 s on 2 cores
     # (1600-2600 tokens/s over 8 streams), well inside the 30 s window and long enough for the
     # supervisor's first /metrics sample to see them in flight.
+    if scraper:  # before the streams: the checks must not eat into the work left at SIGTERM
+        dashboard_answers(scraper)
     streams = Streams(s.url, s.model, n=8, max_tokens=TOKENS)
     senders = Senders(s.url, s.model, n=4) if mode == "eager" else None
     streams.wait_running(s.url, timeout=60)
@@ -77,10 +120,19 @@ def test_sigterm_mid_stream_drains_every_request(serve, mode):
     assert float(forecast.group(2)) < 28, forecast.group(0)  # 10-15 s of work were left
     assert re.search(r"drain forecast: \d+ request\(s\) in flight.*: all finish", s.text())
     assert_nothing_left(s)
+    if scraper:  # what the client saw, in the series Prometheus scraped from the probe port
+        # (last_over_time: the supervisor is gone, its series are stale now)
+        last = lambda name: scraper.value(f"last_over_time({name}[1m])")  # noqa: E731
+        assert last('vllm_intel_drains_total{outcome="finished"}') == 1
+        assert last("vllm_intel_drain_in_flight_requests") == 8
+        assert last("vllm_intel_drain_aborted_requests") == 0
+        assert last("vllm_intel_drain_forecast_cut_requests") == 0
 
 
 def test_request_longer_than_the_drain_gets_a_final_event(serve):
-    s = serve("--enforce-eager", drain=4)
+    """Also INTEL_VLLM_LOG_FORMAT=json: every line of the run (start, a request, an aborting
+    drain, stop) is one JSON object: the supervisor's, vLLM's logging and uvicorn's access log."""
+    s = serve("--enforce-eager", drain=4, env={"INTEL_VLLM_LOG_FORMAT": "json"})
     streams = Streams(s.url, s.model, n=1, max_tokens=8000)
     streams.wait_running(s.url, timeout=60)
     t_term = s.signal(signal.SIGTERM)
@@ -100,10 +152,34 @@ def test_request_longer_than_the_drain_gets_a_final_event(serve):
     assert result.ended - t_term < 4 + 1
     assert code is not None and took <= 4 + 10, s.tail()
     assert_nothing_left(s)
+    records = [json.loads(line) for line in s.text().splitlines()]  # every line, or this raises
+    assert all({"time", "level", "source", "event", "message"} <= r.keys() for r in records)
+    loggers = {r.get("logger", "").split(".")[0] for r in records if r["source"] == "vllm"}
+    assert {"vllm", "uvicorn"} <= loggers, loggers
+    assert any(r["event"] == "exit" and r["code"] == code for r in records)
+    assert any(
+        "POST /v1/completions" in r["message"]
+        for r in records
+        if r.get("logger") == "uvicorn.access"
+    )
+
+
+def threads_of(pid: int) -> list[str]:
+    tasks = pathlib.Path(f"/proc/{pid}/task")
+    return sorted((t / "comm").read_text().strip() for t in tasks.iterdir())
 
 
 def test_idle_sigterm_exits_fast(serve):
-    s = serve("--enforce-eager")
+    """Also: PID 1 serving with the images' defaults (probe port on, no pin) runs 3 threads:
+    the loop, the observer and the probe port."""
+    probe_port = free_port()
+    s = serve("--enforce-eager", env={"INTEL_VLLM_PROBE_PORT": str(probe_port)})
+    assert probe(s, "ready") == 0
+    ready = requests.get(f"http://127.0.0.1:{probe_port}/ready", timeout=5)
+    assert (ready.status_code, ready.text) == (200, "ready: state SERVING\n")
+    threads = threads_of(s.pid)
+    print(f"supervisor threads while serving: {threads}")
+    assert len(threads) <= 3, threads
     t_term = s.signal(signal.SIGTERM)
     code = s.wait(timeout=30)
     took = time.monotonic() - t_term

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tests.harness import ROOT
-from vllm_intel.supervisor.settings import Exit
+from vllm_intel.supervisor.errors import Exit
 
 pytestmark = [
     pytest.mark.vllm,

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.harness import Streams
-from vllm_intel.supervisor import settings
+from vllm_intel.supervisor import timing
 
 from .conftest import assert_nothing_left
 
@@ -28,14 +28,14 @@ def test_default_drain_finishes_four_512_token_answers_on_a_half_billion_model(s
     # eager: a start in ~25 s instead of ~75-150 s (compiling 24 layers); generation is a little
     # slower than compiled (10 against 12 tokens/s per stream), so the window is tried harder.
     t = time.monotonic()
-    s = serve("--enforce-eager", drain=settings.DEFAULT_DRAIN_S, model=str(model))
+    s = serve("--enforce-eager", drain=timing.DEFAULT_DRAIN_S, model=str(model))
     ready = time.monotonic() - t
     streams = Streams(s.url, s.model, n=4, max_tokens=512, timeout=300)
     streams.wait_running(s.url, timeout=60)
     time.sleep(5)  # answers well under way, as a stop meets them
     t_term = s.signal(signal.SIGTERM)
     results = streams.join(timeout=300)
-    code = s.wait(timeout=settings.grace_period(settings.DEFAULT_DRAIN_S))
+    code = s.wait(timeout=timing.grace_period(timing.DEFAULT_DRAIN_S))
     took = time.monotonic() - t_term
     forecast = re.search(
         r"forecast at SIGTERM: (\d+) in flight, the slowest needing (\d+) s of the (\d+) s "
@@ -51,7 +51,7 @@ def test_default_drain_finishes_four_512_token_answers_on_a_half_billion_model(s
     assert code == 0, s.tail()
     assert forecast, s.tail()
     in_flight, need, window, cut = map(int, forecast.groups())
-    assert (in_flight, window, cut) == (4, settings.DEFAULT_DRAIN_S, 0), forecast.group(0)
+    assert (in_flight, window, cut) == (4, timing.DEFAULT_DRAIN_S, 0), forecast.group(0)
     # The forecast is the drain's real length, within a few seconds either way.
     assert abs(need - last) < max(5, 0.25 * last), (need, last)
     assert_nothing_left(s)

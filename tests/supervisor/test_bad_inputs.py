@@ -12,8 +12,8 @@ import sys
 import pytest
 
 from tests.harness import ROOT
-from vllm_intel.supervisor import resources, settings, vllm_args
-from vllm_intel.supervisor.settings import ConfigError
+from vllm_intel.supervisor import errors, paths, settings, timing, vllm_args, workload
+from vllm_intel.supervisor.errors import ConfigError
 
 from .conftest import FAKE, free_port
 
@@ -157,7 +157,7 @@ def test_a_directory_as_config_is_refused(tmp_path):
 def test_a_good_config_file_still_works(tmp_path):
     path = files(tmp_path, "ok.yaml", "shutdown-timeout: 7\nport: '9000'\nheadless: false\n")
     r = entrypoint(tmp_path, "grace-period", "--config", path)
-    assert (r.returncode, r.stdout.strip()) == (0, str(settings.grace_period(7))), r.stderr
+    assert (r.returncode, r.stdout.strip()) == (0, str(timing.grace_period(7))), r.stderr
 
 
 def test_plan_on_a_model_with_an_unreadable_entry_is_one_line(tmp_path):
@@ -233,18 +233,18 @@ def test_parsers():
 
 
 def test_shown_keeps_a_line_short():
-    assert settings.shown("abc") == "'abc'"
-    assert settings.shown("abc", quote=False) == "abc"
-    cut = settings.shown(HUGE)
+    assert errors.shown("abc") == "'abc'"
+    assert errors.shown("abc", quote=False) == "abc"
+    cut = errors.shown(HUGE)
     assert len(cut) < 60 and "5000 chars" in cut
-    assert settings.shown("a\nb", quote=False) == "'a\\nb'"  # never a second line
+    assert errors.shown("a\nb", quote=False) == "'a\\nb'"  # never a second line
 
 
 def test_check_tmpdir(tmp_path):
-    settings.check_tmpdir({"TMPDIR": str(tmp_path)})
-    settings.check_tmpdir({})
+    paths.check_tmpdir({"TMPDIR": str(tmp_path)})
+    paths.check_tmpdir({})
     with pytest.raises(ConfigError, match="does not exist"):
-        settings.check_tmpdir({"TMPDIR": str(tmp_path / "nope")})
+        paths.check_tmpdir({"TMPDIR": str(tmp_path / "nope")})
 
 
 def test_resolve_bounds_and_the_unbounded_parse():
@@ -253,7 +253,7 @@ def test_resolve_bounds_and_the_unbounded_parse():
         vllm_args.resolve(["m", "--port", "-5"])
     with pytest.raises(ConfigError, match="at most 12 digits"):
         vllm_args.resolve(["m", "--port", HUGE], bounds=False)
-    assert resources.parallel(["m", "-tp", "1024"]) == (1024, 1)
+    assert workload.parallel(["m", "-tp", "1024"]) == (1024, 1)
 
 
 def test_load_config_file_refuses_aliases_but_reads_plain_yaml(tmp_path):

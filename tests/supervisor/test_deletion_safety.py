@@ -17,8 +17,8 @@ import textwrap
 import pytest
 
 from tests.harness import ROOT
-from vllm_intel.supervisor import janitor, loop, probes, settings
-from vllm_intel.supervisor.settings import ConfigError, Exit
+from vllm_intel.supervisor import errors, janitor, loop, paths, probes, settings
+from vllm_intel.supervisor.errors import ConfigError, Exit
 
 OTHER_UID = 12345
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (chown to another uid)")
@@ -71,7 +71,7 @@ def test_a_state_file_that_is_not_a_file_path_is_refused_and_left_alone(run, tmp
 def test_root_is_refused_as_a_state_file():
     """`/` made write_state raise ValueError (Path.with_name) and the clean-up rmtree('/')."""
     with pytest.raises(ConfigError, match="INTEL_VLLM_STATE_FILE /: names a directory"):
-        settings.check_state_file(pathlib.Path("/"))
+        paths.check_state_file(pathlib.Path("/"))
 
 
 def _supervisor(state: pathlib.Path) -> loop.Supervisor:
@@ -208,7 +208,7 @@ def test_leftover_names_match_in_full(tmp_path):
 @needs_root
 def test_another_users_run_directory_is_left_alone(tmp_path):
     shm, tmp = _dirs(tmp_path)
-    theirs = tmp / f"{settings.RUN_DIR_PREFIX}theirs"
+    theirs = tmp / f"{paths.RUN_DIR_PREFIX}theirs"
     theirs.mkdir(mode=0o700)
     os.close(janitor.create_locked(theirs / janitor.LOCK_FILE))  # its lock free: a dead run's
     (theirs / "data").write_text("theirs")
@@ -239,7 +239,7 @@ def test_another_users_private_run_directory_does_not_stop_a_start(tmp_path):
     shm, tmp = _dirs(tmp_path)
     shm.chmod(0o1777)
     tmp.chmod(0o1777)
-    theirs = tmp / f"{settings.RUN_DIR_PREFIX}x"
+    theirs = tmp / f"{paths.RUN_DIR_PREFIX}x"
     theirs.mkdir(mode=0o700)  # root's here: the one we cannot look into is not ours
     os.close(janitor.create_locked(theirs / janitor.LOCK_FILE))
     done = subprocess.run(
@@ -311,16 +311,16 @@ def test_default_state_file_lives_in_a_private_directory_of_this_user(tmp_path, 
     """On a shared /tmp nobody else can plant the default state file or the directory it is in:
     the directory is made 0700 and accepted only as ours; another user's is refused in one line."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    path = settings.state_file(8123, env={})
+    path = paths.state_file(8123, env={})
     assert path.parent == tmp_path / f"vllm-intel-{os.geteuid()}"
-    settings.check_state_file(path)
+    paths.check_state_file(path)
     st = os.lstat(path.parent)
     assert stat.S_IMODE(st.st_mode) == 0o700 and st.st_uid == os.geteuid()
-    settings.check_state_file(path)  # again: it is ours now
+    paths.check_state_file(path)  # again: it is ours now
     os.chmod(path.parent, 0o755)
-    with pytest.raises(settings.ConfigError, match="not this user's private directory"):
-        settings.check_state_file(path)
+    with pytest.raises(errors.ConfigError, match="not this user's private directory"):
+        paths.check_state_file(path)
     os.rmdir(path.parent)
     path.parent.symlink_to(tmp_path)
-    with pytest.raises(settings.ConfigError, match="not this user's private directory"):
-        settings.check_state_file(path)
+    with pytest.raises(errors.ConfigError, match="not this user's private directory"):
+        paths.check_state_file(path)

@@ -23,7 +23,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from vllm_intel.supervisor.settings import EXIT_CODES
+from vllm_intel.supervisor.reference import EXIT_CODES
 
 from .conftest import FAKE, ROOT, free_port
 
@@ -34,7 +34,7 @@ ONE_LINERS = {1: ("probe", "patches")}
 SUBCOMMANDS = ["serve", "prefetch", "patches", "probe", "grace-period", "plan", "help"]
 LIMIT_S = 10
 DEFAULT_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
-SLOW_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "600"))
+SLOW_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
 RAN = {"examples": 0, "started": 0, "seconds": 0.0}
 
 text = st.text(

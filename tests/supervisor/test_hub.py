@@ -15,7 +15,7 @@ import pytest
 from tests.harness import ROOT
 from tests.harness.fakehub import FakeHub
 from tests.harness.models import REVISION, hub_layout
-from vllm_intel.supervisor import hub, settings
+from vllm_intel.supervisor import errors, hub, settings
 
 
 def test_cache_dir_follows_huggingface_hub(tmp_path):
@@ -142,14 +142,14 @@ def test_prefetch_is_a_noop_for_local_models_and_offline(tmp_path, tiny_model):
 
 def test_prefetch_bad_input_and_unreachable_hub(tmp_path):
     r = entrypoint("prefetch", "/no/such/model", env={})
-    assert r.returncode == settings.Exit.CONFIG and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == errors.Exit.CONFIG and r.stderr.count("\n") == 1, r.stderr
     r = entrypoint("prefetch", "org/name", "--revision", env={})
-    assert r.returncode == settings.Exit.CONFIG and "--revision needs a value" in r.stderr
+    assert r.returncode == errors.Exit.CONFIG and "--revision needs a value" in r.stderr
     # A hub that refuses connections (a port nothing listens on): one line, exit 69, fast.
     env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": "http://127.0.0.1:9"}
     t0 = time.monotonic()
     r = entrypoint("prefetch", "org/name", env=env)
-    assert r.returncode == settings.Exit.PREFETCH, r.stderr
+    assert r.returncode == errors.Exit.PREFETCH, r.stderr
     assert r.stderr.count("\n") == 1 and "cannot download org/name" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and time.monotonic() - t0 < 30
 

@@ -11,13 +11,14 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
 
 from tests.harness import ROOT
 from vllm_intel.supervisor import janitor
-from vllm_intel.supervisor.settings import RUN_DIR_PREFIX
+from vllm_intel.supervisor.paths import RUN_DIR_PREFIX
 
 
 def _files(shm, *names):
@@ -178,18 +179,28 @@ def test_the_watcher_records_what_the_run_maps(tmp_path):
 
 @contextlib.contextmanager
 def _watching(monkeypatch, shm):
-    """A Watcher on this process at a 10 ms period while the block runs: (its claim, scan times)."""
+    """A Watcher on this process at a 10 ms period, ticked as the loop does while the block runs:
+    (its claim, scan times)."""
     monkeypatch.setattr(janitor, "WATCH_FAST_S", 0.01)
     claim = janitor.Claim(shm, shm.parent)
     watcher = janitor.Watcher(claim, shm, os.getpid())
     scans: list[float] = []
     real_scan = watcher.scan
     watcher.scan = lambda *args: (scans.append(time.monotonic()), real_scan(*args))
-    watcher.start()
+    stop = threading.Event()
+
+    def loop():  # the supervisor's loop, turning faster than the watcher's period
+        while not stop.is_set():
+            watcher.tick()
+            stop.wait(0.002)
+
+    turning = threading.Thread(target=loop, daemon=True)
+    turning.start()
     try:
         yield claim, scans
     finally:
-        watcher.stop()
+        stop.set()
+        turning.join(5)
 
 
 def test_the_watcher_reads_no_maps_while_nothing_new_is_there(tmp_path, monkeypatch):

@@ -18,7 +18,8 @@ import pytest
 
 from tests.harness import ROOT, free_port
 from vllm_intel.supervisor import probes, settings
-from vllm_intel.supervisor.settings import ConfigError, State
+from vllm_intel.supervisor.errors import ConfigError
+from vllm_intel.supervisor.state import State
 
 NOWHERE = "http://127.0.0.1:9"  # no vLLM: STARTING answers without asking it
 

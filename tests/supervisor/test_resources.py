@@ -1,4 +1,4 @@
-"""The CPU plan and the preflight over fake cgroup / sysfs trees (vllm_intel.supervisor.resources):
+"""The CPU plan and the preflight over fake cgroup / sysfs trees (limits, workload, plan, placement):
 quota below, equal to and above the affinity set, memory limits, cgroup v1 and v2, no limits,
 the user's values winning, and the one-line errors."""
 
@@ -13,10 +13,12 @@ import threading
 import pytest
 
 from tests.harness import ROOT
-from vllm_intel.supervisor import resources as r
-from vllm_intel.supervisor.settings import ConfigError, Exit
+from vllm_intel.supervisor import limits as lm
+from vllm_intel.supervisor import placement, workload
+from vllm_intel.supervisor import plan as pl
+from vllm_intel.supervisor.errors import ConfigError, Exit
 
-GiB, MiB = r.GiB, r.MiB
+GiB, MiB = lm.GiB, lm.MiB
 
 
 def tree(root: pathlib.Path, files: dict[str, str]) -> pathlib.Path:
@@ -33,7 +35,7 @@ def sysfs(root: pathlib.Path, nodes: dict[int, str], smt: int = 0):
     files = {f"node/node{n}/cpulist": cpus for n, cpus in nodes.items()}
     if smt:
         for n, cpus in nodes.items():
-            for cpu in r.parse_cpu_list(cpus):
+            for cpu in lm.parse_cpu_list(cpus):
                 files[f"cpu/cpu{cpu}/topology/core_id"] = str(cpu // smt)
                 files[f"cpu/cpu{cpu}/topology/physical_package_id"] = "0"
     return tree(root, files)
@@ -51,12 +53,15 @@ def v2(tmp_path, cpu_max="max", memory_max="max", cpuset=None, extra=None):
 
 
 def limits(tmp_path, cg, cpus=range(4), nodes=None, self_cgroup="", smt=0):
-    sys_root = sysfs(tmp_path / "sys", nodes or {0: r.format_cpu_list(cpus)}, smt)
-    return r.read_limits(cg, sys_root, affinity=set(cpus), self_cgroup=self_cgroup)
+    sys_root = sysfs(tmp_path / "sys", nodes or {0: lm.format_cpu_list(cpus)}, smt)
+    return lm.read_limits(cg, sys_root, affinity=set(cpus), self_cgroup=self_cgroup)
 
 
 def plan(lim, flags=(), env=None, model=None, idle=None):
-    return r.plan(list(flags), model, lim, "cpu", env or {}, idle or r.cpu_idle)
+    """The entrypoint's way: the workload read once, the pure plan, then the pin's CPUs."""
+    env = env or {}
+    p = pl.plan(lim, workload.workload(list(flags), model, env), env)
+    return placement.choose_pin(p, idle or placement.cpu_idle)
 
 
 # ---------------------------------------------------------------------------- reading limits
@@ -155,7 +160,7 @@ def test_parallel_sizes_come_from_the_config_file_as_vllm_reads_them(tmp_path):
     conf.write_text("tensor-parallel-size: 2\npipeline_parallel_size: 2\n")
     p = plan(lim, ["--config", str(conf)])
     assert p.env["OMP_NUM_THREADS"] == "1" and "x 4 worker(s)" in p.line(), p.line()
-    assert len(r.shm_segments(["--config", str(conf)])) > len(r.shm_segments([]))
+    assert len(workload.shm_segments(["--config", str(conf)])) > len(workload.shm_segments([]))
     p = plan(lim, ["--config", str(conf), "-tp", "1", "-pp", "1"])
     assert p.env["OMP_NUM_THREADS"] == "4" and "x 1 worker(s)" in p.line(), p.line()
     with pytest.raises(ConfigError, match="--tensor-parallel-size must be a whole number >= 1"):
@@ -253,7 +258,7 @@ def test_pin_confines_vllm_to_the_idlest_ceil_quota_cpus(tmp_path, quota, idle, 
         idle=lambda cpus: asked.append(sorted(cpus)) or idle,
     )
     assert asked == [[0, 1, 2, 3]]  # chosen among the allowed CPUs
-    assert p.pin == pinned
+    assert list(p.pin) == pinned
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and p.env["OMP_NUM_THREADS"] == threads
     # one CPU under a whole CPU's quota: a one-CPU cpuset in all but name, vLLM's spin stays;
     # half a CPU (the spin would spend the quota) or more CPUs than one: the readers wait
@@ -261,7 +266,7 @@ def test_pin_confines_vllm_to_the_idlest_ceil_quota_cpus(tmp_path, quota, idle, 
     assert ("VLLM_SHM_BROADCAST_BUSY_SLEEP_S" not in p.env) is one_cpu, p.line()
     if not one_cpu:
         assert p.env["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] == "0.0001"
-    assert f"pinned to CPU {r.format_cpu_list(pinned)}" in p.line(), p.line()
+    assert f"pinned to CPU {lm.format_cpu_list(pinned)}" in p.line(), p.line()
 
 
 def test_pin_without_a_quota_below_the_cpus_pins_nothing(tmp_path):
@@ -282,7 +287,7 @@ def test_the_default_pin_leaves_the_users_threads_alone(tmp_path, yours):
         raise AssertionError("your threads: nothing to choose")
 
     p = plan(limits(tmp_path, v2(tmp_path, "100000 100000")), env={yours: "1"}, idle=idle)
-    assert p.pin is None and p.threads == "yours" and yours not in p.env, p.line()
+    assert p.pin is None and p.threads_text() == "yours" and yours not in p.env, p.line()
 
 
 @pytest.mark.parametrize(
@@ -296,7 +301,7 @@ def test_the_default_pin_leaves_the_users_threads_alone(tmp_path, yours):
 def test_pin_takes_one_cpu_per_core_before_siblings(tmp_path, idle, pinned):
     lim = limits(tmp_path, v2(tmp_path, "200000 100000"), smt=2)  # cores {0,1} {2,3}
     p = plan(lim, env=PIN, idle=lambda cpus: idle)
-    assert p.pin == sorted(pinned), p.line()
+    assert list(p.pin) == sorted(pinned), p.line()
 
 
 @pytest.mark.parametrize("yours", ["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"])
@@ -321,10 +326,10 @@ def test_cpu_idle_counts_idle_and_iowait_ticks_over_the_sample(tmp_path):
     later = threading.Timer(0.05, write, (130, 190))
     later.start()
     try:
-        assert r.cpu_idle({0, 1}, sample_s=0.3, stat=stat) == {0: 30, 1: 90}
+        assert placement.cpu_idle({0, 1}, sample_s=0.3, stat=stat) == {0: 30, 1: 90}
     finally:
         later.cancel()
-    got = r.cpu_idle(set(range(os.cpu_count() or 1)), sample_s=0.05)  # this machine's
+    got = placement.cpu_idle(set(range(os.cpu_count() or 1)), sample_s=0.05)  # this machine's
     assert set(got) == set(range(os.cpu_count() or 1)) and min(got.values()) >= 0
 
 
@@ -373,22 +378,22 @@ def test_users_kv_wins_and_is_checked(tmp_path):
 def test_shm_requirement_is_vllms_ring_buffers():
     """TP=1: the executor's broadcast queue (16 MiB x 10) + the worker's response queue
     (24 MiB x 10), each chunk with 1 + readers flag bytes (shm_broadcast.ShmRingBuffer)."""
-    assert r.shm_segments([], {}) == [
+    assert workload.shm_segments([], {}) == [
         ("executor broadcast queue", (16 * MiB + 2) * 10),
         ("worker response queue", (24 * MiB + 2) * 10),
     ]
-    assert sum(s for _, s in r.shm_segments([], {"VLLM_MQ_MAX_CHUNK_BYTES_MB": "4"})) == (
+    assert sum(s for _, s in workload.shm_segments([], {"VLLM_MQ_MAX_CHUNK_BYTES_MB": "4"})) == (
         (4 * MiB + 2) * 10 + (24 * MiB + 2) * 10
     )
-    arena = dict(r.shm_segments(["--enable-shm-tensor-arena"], {}))["tensor arena"]
+    arena = dict(workload.shm_segments(["--enable-shm-tensor-arena"], {}))["tensor arena"]
     assert arena == (256 * MiB + 2) * 8
 
 
 def test_shm_too_small_is_one_line_error_naming_the_fixes(tmp_path):
     free = __import__("shutil").disk_usage(tmp_path).free
-    r.check_shm(tmp_path, 400 * MiB)  # plenty here
+    workload.check_shm(tmp_path, 400 * MiB)  # plenty here
     with pytest.raises(ConfigError) as e:
-        r.check_shm(tmp_path, free + GiB)
+        workload.check_shm(tmp_path, free + GiB)
     msg = str(e.value)
     assert "\n" not in msg
     assert "docker run --shm-size=" in msg and "shm_size" in msg and "emptyDir" in msg

@@ -18,7 +18,7 @@ import pytest
 
 from tests.harness import ROOT, free_port
 from vllm_intel.supervisor import loop
-from vllm_intel.supervisor.settings import Exit
+from vllm_intel.supervisor.errors import Exit
 
 # What the child reports: its mask, ignored signals, affinity, PDEATHSIG, session, process.
 REPORT = textwrap.dedent(

@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from vllm_intel.supervisor import janitor, loop, observe, probes, settings
-from vllm_intel.supervisor.settings import ConfigError, Exit
+from vllm_intel.supervisor import errors, janitor, loop, observe, paths, probes, settings, timing
+from vllm_intel.supervisor.errors import ConfigError, Exit
 
 # ---------------------------------------------------------------------------------- settings
 
@@ -33,8 +33,8 @@ def test_xpu_raises_a_short_drain_and_rewrites_the_flag(tmp_path):
     cfg = settings.serve_config(
         [str(tmp_path), "--shutdown-timeout", "0"], env={"INTEL_VLLM_DEVICE": "xpu"}
     )
-    assert cfg.drain == settings.XPU_MIN_DRAIN_S and cfg.notes
-    assert cfg.argv[-2:] == ["--shutdown-timeout", str(settings.XPU_MIN_DRAIN_S)]
+    assert cfg.drain == timing.XPU_MIN_DRAIN_S and cfg.notes
+    assert cfg.argv[-2:] == ["--shutdown-timeout", str(timing.XPU_MIN_DRAIN_S)]
     assert cfg.argv.count("--shutdown-timeout") == 1
 
 
@@ -53,13 +53,13 @@ def test_bad_settings_raise_config_error(env, args, message):
 
 
 def test_grace_is_drain_plus_teardown_plus_margin():
-    assert settings.grace_period(30) == 45 == 30 + settings.TEARDOWN_S + settings.MARGIN_S
-    assert settings.deadline(30) == 40
+    assert timing.grace_period(30) == 45 == 30 + timing.TEARDOWN_S + timing.MARGIN_S
+    assert timing.deadline(30) == 40
 
 
 def test_state_file_default_and_override():
-    assert settings.state_file(8123, env={}).name == "vllm-intel-8123.state.json"
-    assert settings.state_file(1, env={"INTEL_VLLM_STATE_FILE": "/x/s.json"}) == pathlib.Path(
+    assert paths.state_file(8123, env={}).name == "vllm-intel-8123.state.json"
+    assert paths.state_file(1, env={"INTEL_VLLM_STATE_FILE": "/x/s.json"}) == pathlib.Path(
         "/x/s.json"
     )
 
@@ -80,7 +80,7 @@ def test_state_file_default_and_override():
     ],
 )
 def test_exit_code_mapping(rc, stop, escalated, expected):
-    assert settings.exit_code(rc, stop_requested=stop, escalated=escalated) == expected
+    assert errors.exit_code(rc, stop_requested=stop, escalated=escalated) == expected
 
 
 # ---------------------------------------------------------------------------------- signals

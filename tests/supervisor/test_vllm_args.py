@@ -15,8 +15,8 @@ import textwrap
 import pytest
 
 from tests.harness import ROOT
-from vllm_intel.supervisor import settings
-from vllm_intel.supervisor.settings import ConfigError
+from vllm_intel.supervisor import errors, settings, timing
+from vllm_intel.supervisor.errors import ConfigError
 from vllm_intel.supervisor.vllm_args import FLAGS, OPTION_TO_DEST, resolve
 
 M = "/models/m"
@@ -265,13 +265,12 @@ def test_xpu_minimum_wins_over_the_config_file(tmp_path):
     cfg = settings.serve_config(
         [str(tmp_path), "--shutdown-timeout=2", "--config", c], env={"INTEL_VLLM_DEVICE": "xpu"}
     )
-    assert cfg.drain == settings.XPU_MIN_DRAIN_S and "raised" in cfg.notes[-1]
+    assert cfg.drain == timing.XPU_MIN_DRAIN_S and "raised" in cfg.notes[-1]
     # appended last on the command line: it beats the file and every earlier flag
-    assert cfg.argv[-2:] == ["--shutdown-timeout", str(settings.XPU_MIN_DRAIN_S)]
+    assert cfg.argv[-2:] == ["--shutdown-timeout", str(timing.XPU_MIN_DRAIN_S)]
     assert "--shutdown-timeout=2" not in cfg.argv
     assert (
-        resolve(cfg.argv[cfg.argv.index("serve") + 1 :]).shutdown_timeout
-        == settings.XPU_MIN_DRAIN_S
+        resolve(cfg.argv[cfg.argv.index("serve") + 1 :]).shutdown_timeout == timing.XPU_MIN_DRAIN_S
     )
 
 
@@ -282,7 +281,7 @@ def test_model_in_config_gets_no_builtin_model(tmp_path):
         "--config",
         c,
         "--shutdown-timeout",
-        str(settings.DEFAULT_DRAIN_S),
+        str(timing.DEFAULT_DRAIN_S),
     ]
     with pytest.raises(ConfigError, match="does not exist"):
         settings.serve_config(["--config", config(tmp_path, "model: /no/such\n", "m.yaml")])
@@ -338,7 +337,7 @@ def test_entrypoint_refuses_a_bad_config_file_with_64_and_one_line(tmp_path):
         text=True,
         timeout=30,
     )
-    assert r.returncode == settings.Exit.CONFIG
+    assert r.returncode == errors.Exit.CONFIG
     assert r.stderr.strip().splitlines() == [
         f"entrypoint.py: --config {bad}: not valid YAML (line 2)"
     ]

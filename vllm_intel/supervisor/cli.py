@@ -4,14 +4,19 @@ grace-period, plan, help."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import pathlib
 import sys
 import tempfile
 
 from .. import drain_forecast
-from . import resources, settings
-from .settings import ConfigError, Exit, log
+from . import errors, limits, paths, settings, timing, workload
+from .errors import ConfigError, Exit
+from .log import json_mode, log, record
+from .plan import Plan
+from .plan import plan as make
+from .state import State
 
 
 def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> dict[str, str]:
@@ -23,15 +28,24 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
     env["VLLM_RPC_BASE_PATH"] = str(run_dir)
     # Where drain-deadline leaves its drain forecast for the exit line (nobody else's file).
     env[drain_forecast.FORECAST_ENV] = str(run_dir / "drain-forecast.json")
-    # Keep compiled kernels across runs (a warm start is ~15 s faster); it is a cache, not litter.
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(settings.inductor_cache(os.environ)))
+    # Where each vLLM process's plugin leaves its patch states for the supervisor's /metrics.
+    env["INTEL_VLLM_PATCH_STATES_DIR"] = str(run_dir)
+    # Keep compiled kernels across runs (a warm start skips torch.compile's work: docs/bench.md,
+    # "Start times per model size"); it is a cache, not litter.
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.inductor_cache(os.environ)))
+    if json_mode(env) and not env.get("VLLM_LOGGING_CONFIG_PATH"):  # yours wins
+        from vllm_intel.jsonlog import logging_config
+
+        config = run_dir / "vllm-logging.json"
+        config.write_text(json.dumps(logging_config(env.get("VLLM_LOGGING_LEVEL") or "INFO")))
+        env["VLLM_LOGGING_CONFIG_PATH"] = str(config)
     return env
 
 
 def compile_caches(env: dict[str, str]) -> list[pathlib.Path]:
     """Where vLLM's processes keep what they compile: torch inductor's kernels and vLLM's
     torch.compile cache (VLLM_CACHE_ROOT, by default $XDG_CACHE_HOME/vllm or ~/.cache/vllm)."""
-    vllm_root = env.get("VLLM_CACHE_ROOT") or settings.cache_home(env) / "vllm"
+    vllm_root = env.get("VLLM_CACHE_ROOT") or paths.cache_home(env) / "vllm"
     return [
         pathlib.Path(env["TORCHINDUCTOR_CACHE_DIR"]),
         pathlib.Path(vllm_root) / "torch_compile_cache",
@@ -77,8 +91,8 @@ def missing_device(env=os.environ, dri: pathlib.Path = pathlib.Path("/dev/dri"))
 def serve(args: list[str]) -> int:
     cfg = settings.serve_config(args)
     # Every input checked before anything starts: TMPDIR first (the state file's default is in it).
-    settings.check_tmpdir()
-    state_path = settings.check_state_file(settings.state_file(cfg.port))
+    paths.check_tmpdir()
+    state_path = paths.check_state_file(paths.state_file(cfg.port))
     probe_port = settings.probe_port(vllm_port=cfg.port)
     settings.check_patches()
     if importlib.util.find_spec("vllm") is None:
@@ -94,50 +108,60 @@ def serve(args: list[str]) -> int:
     # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
     from .loop import Supervisor
 
-    sup = Supervisor(cfg, state_path)
+    metrics = None
+    if probe_port is not None:
+        from .metrics import Metrics
+
+        metrics = Metrics()
+    sup = Supervisor(cfg, state_path, metrics)
     try:
         return supervise(sup, cfg, plan, probe_port)
     finally:
         sup.remove_state()
 
 
-def supervise(sup, cfg: settings.ServeConfig, plan: resources.Plan, probe_port: int | None) -> int:
+def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None) -> int:
     """The run itself, in its run directory, from the preflight checks to vLLM's exit."""
-    from . import hub, janitor, pinning, probes
+    from . import hub, janitor, placement
     from .loop import Supervisor
 
     tmp = pathlib.Path(tempfile.gettempdir())
-    with janitor.run_dir(tmp, settings.shm_dir()) as run:
+    with janitor.run_dir(tmp, paths.shm_dir()) as run:
         # After the sweep (a dead run's segments no longer count), before anything starts.
-        resources.check_shm(settings.shm_dir(), plan.shm_needed)
+        workload.check_shm(paths.shm_dir(), plan.shm_needed)
         settings.check_port(cfg.host, cfg.port)
-        log(plan.line())
+        log(plan.line(), event="plan")
         env = child_env(run.path, plan.env)
-        log(compile_cache_line(env))
+        log(compile_cache_line(env), event="compile-cache")
         Supervisor.block_signals()
         if probe_port is not None:
-            try:
-                probes.serve_http(probe_port, cfg.url, lambda: sup.state)
-            except OSError as e:
-                raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {probe_port}: {e}")
-        failed = sup.spawn(env, plan.pin)
+            serve_probes(sup, cfg, plan, probe_port, run.swept, run.path)
+        relay = start_relay() if json_mode() else None
+        failed = sup.spawn(env, plan.pin, relay.child_fds() if relay else None)
+        if relay:
+            relay.spawned()
         if failed is not None:
             return failed
-        run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim
+        sup.watcher = run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim
         # A repo id with the hub on: vLLM downloads it while STARTING; say how far it got.
         progress = hub.watch_download(
-            cfg.model, cfg.flags or [], lambda: sup.state == settings.State.STARTING
+            cfg.model, cfg.flags or [], lambda: sup.state == State.STARTING
         )
         # The pin moves off CPUs that others load later (two replicas that chose alike).
         follower = (
-            pinning.Follower(
-                sup.child.pid, plan.pin, sorted(plan.limits.cpus), plan.limits.core_of
+            placement.Follower(
+                sup.child.pid, list(plan.pin), sorted(plan.limits.cpus), plan.limits.core_of
             ).start()
             if plan.pin
             else None
         )
         try:
-            return sup.run()
+            code = sup.run()
+            if sup.metrics and cfg.metrics_linger and sup.drained_requests():
+                sup.linger(cfg.metrics_linger)  # the outcome, for a last scrape
+            if relay:
+                relay.join(RELAY_FLUSH_S)  # vLLM's last lines; every writer is gone by now
+            return code
         finally:
             if progress:
                 progress.stop()
@@ -145,17 +169,54 @@ def supervise(sup, cfg: settings.ServeConfig, plan: resources.Plan, probe_port: 
                 follower.stop()
 
 
-def make_plan(cfg: settings.ServeConfig) -> resources.Plan:
-    return resources.plan(
-        cfg.flags or [], cfg.model, resources.read_limits(), settings.device(), os.environ
-    )
+RELAY_FLUSH_S = 2.0
+
+
+def start_relay():
+    """INTEL_VLLM_LOG_FORMAT=json: the thread that turns vLLM's output into JSON lines."""
+    from .relay import Relay
+
+    relay = Relay()
+    relay.start()
+    return relay
+
+
+def serve_probes(
+    sup, cfg: settings.ServeConfig, plan: Plan, port: int, swept: int, run_dir: pathlib.Path
+) -> None:
+    """The probe port: /ready, /live and the supervisor's /metrics, from one thread."""
+    from vllm_intel.patches._base import vllm_version  # reads vLLM's _version.py, no import
+
+    from . import probes
+
+    m = sup.metrics
+    m.patch_states.dir = run_dir
+    m.info.info({"device": plan.device, "vllm": vllm_version() or "none"})
+    m.plan(plan)
+    m.swept.inc(swept)
+    m.state.state(sup.state.value)
+    try:
+        probes.serve_http(port, cfg.url, lambda: sup.state, m.render)
+    except OSError as e:
+        raise ConfigError(f"cannot serve probes on INTEL_VLLM_PROBE_PORT {port}: {e}") from None
+
+
+def make_plan(cfg: settings.ServeConfig) -> Plan:
+    """The plan for this run: its inputs read once (limits, workload), then the pure decision."""
+    work = workload.workload(cfg.flags or [], cfg.model, os.environ)
+    p = make(limits.read_limits(), work, dict(os.environ), settings.device())
+    if p.pin_count:  # opt-in (INTEL_VLLM_CPU_PLAN=pin): which CPUs is placement's choice
+        from .placement import choose_pin
+
+        p = choose_pin(p)
+    return p
 
 
 def show_plan(args: list[str]) -> int:
     """`entrypoint.py plan [MODEL] [FLAGS]`: the plan `serve` with these arguments would use."""
     p = make_plan(settings.serve_config(args))
     print(p.line())
-    resources.check_shm(settings.shm_dir(), p.shm_needed)
+    workload.check_shm(paths.shm_dir(), p.shm_needed)
     return 0
 
 
@@ -167,7 +228,7 @@ def patches(args: list[str]) -> int:
         return Exit.NOT_FOUND
     bad = next((a for a in args if a != "--strict"), None)
     if bad is not None and args not in (["-h"], ["--help"]):  # one short line, whatever it is
-        raise ConfigError(f"patches: unknown argument {settings.shown(bad)}; {plugin.USAGE}")
+        raise ConfigError(f"patches: unknown argument {errors.shown(bad)}; {plugin.USAGE}")
     return plugin.main(args)
 
 
@@ -180,7 +241,7 @@ def prefetch(args: list[str]) -> int:
 def grace_period(args: list[str]) -> int:
     """`entrypoint.py grace-period [MODEL] [FLAGS]`: the grace for `serve` with these arguments
     (their --shutdown-timeout, on the command line or in its --config file, else the env)."""
-    print(settings.grace_period(settings.drain_seconds(args)[0]))
+    print(timing.grace_period(settings.drain_seconds(args)[0]))
     return 0
 
 
@@ -218,10 +279,16 @@ def main(argv: list[str]) -> int:
     try:
         if cmd not in COMMANDS:
             raise ConfigError(
-                f"unknown subcommand {settings.shown(cmd)} (expected serve, prefetch, patches, probe, grace-period, "
+                f"unknown subcommand {errors.shown(cmd)} (expected serve, prefetch, patches, probe, grace-period, "
                 "plan)"
             )
         return COMMANDS[cmd](rest)
     except ConfigError as e:
-        print(f"entrypoint.py: {e}", file=sys.stderr)
+        if json_mode() and cmd == "serve":
+            print(
+                record(str(e), level="error", event="config-error", code=int(Exit.CONFIG)),
+                file=sys.stderr,
+            )
+        else:
+            print(f"entrypoint.py: {e}", file=sys.stderr)
         return Exit.CONFIG

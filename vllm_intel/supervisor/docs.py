@@ -11,21 +11,21 @@ import pathlib
 import re
 import sys
 
-from . import settings
+from . import paths, reference, timing
 
 
 def exit_codes() -> str:
-    rows = [f"| {code} | {meaning} |" for code, meaning in settings.EXIT_CODES]
+    rows = [f"| {code} | {meaning} |" for code, meaning in reference.EXIT_CODES]
     return "\n".join(["| code | meaning |", "|---|---|", *rows])
 
 
 def settings_table() -> str:
-    rows = [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in settings.SETTINGS]
+    rows = [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in reference.SETTINGS]
     return "\n".join(["| variable | default | meaning |", "|---|---|---|", *rows])
 
 
 def vllm_settings_table() -> str:
-    rows = [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in settings.VLLM_SETTINGS]
+    rows = [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in reference.VLLM_SETTINGS]
     head = (
         "Read from vLLM's own sources, with vLLM's precedence: command line > "
         "`--config FILE.yaml` > vLLM's default.\n\n"
@@ -34,18 +34,26 @@ def vllm_settings_table() -> str:
 
 
 def shutdown() -> str:
-    return f"```\n{settings.SHUTDOWN_FORMULA}\n```"
+    return f"```\n{timing.SHUTDOWN_FORMULA}\n```"
 
 
 def orchestrator() -> str:
-    return f"```\n{settings.ORCHESTRATOR_FORMULA}\n```"
+    return f"```\n{timing.ORCHESTRATOR_FORMULA}\n```"
 
 
 def usage() -> str:
-    return f"```\n{settings.USAGE}\n```"
+    return f"```\n{reference.USAGE}\n```"
+
+
+def metrics_table() -> str:
+    from .metrics import reference as metric_rows
+
+    rows = [f"| `{name}` | {kind} | {doc} |" for name, kind, doc in metric_rows()]
+    return "\n".join(["| metric | type | meaning |", "|---|---|---|", *rows])
 
 
 BLOCKS = {
+    "metrics": metrics_table,
     "usage": usage,
     "settings": settings_table,
     "vllm-settings": vllm_settings_table,
@@ -53,24 +61,24 @@ BLOCKS = {
     "exit-codes": exit_codes,
     "orchestrator": orchestrator,
 }
-FILES = ("README.md", "docs/CONVENTIONS.md", "docs/deploy.md")
+FILES = ("README.md", "docs/CONVENTIONS.md", "docs/deploy.md", "docs/settings.md")
 
 
 def help_text() -> str:
     """`entrypoint.py --help`."""
     plain_exit = "\n".join(
-        f"  {code:<11} {re.sub('`', '', meaning)}" for code, meaning in settings.EXIT_CODES
+        f"  {code:<11} {re.sub('`', '', meaning)}" for code, meaning in reference.EXIT_CODES
     )
     plain_settings = "\n".join(
-        f"  {s.name.replace('`', '')}  (default {s.default.strip('`')})" for s in settings.SETTINGS
+        f"  {s.name.replace('`', '')}  (default {s.default.strip('`')})" for s in reference.SETTINGS
     )
     return (
         f"Run `vllm serve` under a PID-1 supervisor that drains on SIGTERM and never hangs.\n\n"
-        f"Usage:\n{settings.USAGE}\n\nSettings:\n{plain_settings}\n\n"
+        f"Usage:\n{reference.USAGE}\n\nSettings:\n{plain_settings}\n\n"
         f"vLLM settings also read (command line > --config FILE.yaml > vLLM's default):\n"
-        + "\n".join(f"  {s.name.replace('`', '')}: {s.meaning}" for s in settings.VLLM_SETTINGS)
+        + "\n".join(f"  {s.name.replace('`', '')}: {s.meaning}" for s in reference.VLLM_SETTINGS)
         + "\n\n"
-        f"Shutdown timing:\n{settings.SHUTDOWN_FORMULA}\n\nExit codes:\n{plain_exit}"
+        f"Shutdown timing:\n{timing.SHUTDOWN_FORMULA}\n\nExit codes:\n{plain_exit}"
     )
 
 
@@ -84,7 +92,7 @@ def render(text: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    root = settings.ROOT
+    root = paths.ROOT
     stale = []
     for name in FILES:
         path = pathlib.Path(root, name)

@@ -14,8 +14,9 @@ import re
 import threading
 import time
 
-from . import settings
-from .settings import Exit, log
+from . import errors, paths
+from .errors import Exit
+from .log import log
 from .vllm_args import VllmArgs, resolve
 
 PROGRESS_S = 10  # how often the download progress is logged
@@ -37,20 +38,16 @@ def cache_dir(env=os.environ) -> pathlib.Path:
     """HF_HUB_CACHE as huggingface_hub resolves it."""
     explicit = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
     if explicit:
-        return settings.user_path("HF_HUB_CACHE", explicit)
+        return paths.user_path("HF_HUB_CACHE", explicit)
     if env.get("HF_HOME"):
-        return settings.user_path("HF_HOME", env["HF_HOME"]) / "hub"
-    cache = env.get("XDG_CACHE_HOME") or str(settings.user_path("the home directory", "~/.cache"))
-    return settings.user_path("XDG_CACHE_HOME", cache) / "huggingface" / "hub"
+        return paths.user_path("HF_HOME", env["HF_HOME"]) / "hub"
+    cache = env.get("XDG_CACHE_HOME") or str(paths.user_path("the home directory", "~/.cache"))
+    return paths.user_path("XDG_CACHE_HOME", cache) / "huggingface" / "hub"
 
 
 def repo_id(model: str | None) -> str | None:
     """model if it names a hub repository, None for a local path (or nothing)."""
-    if (
-        not model
-        or settings.looks_like_path(model)
-        or settings.path_exists("model", pathlib.Path(model))
-    ):
+    if not model or paths.looks_like_path(model) or paths.path_exists("model", pathlib.Path(model)):
         return None
     return model if REPO_ID.fullmatch(model) else None
 
@@ -159,11 +156,11 @@ def prefetch(args: list[str], env=os.environ) -> int:
     model = found.model or env.get("INTEL_VLLM_MODEL")
     revision = found.revision
     if model:
-        settings.check_model_path(model)
+        paths.check_model_path(model)
     repo = repo_id(model)
     if repo is None:
         log(
-            f"prefetch: {settings.shown(model or 'the built-in model', 200, quote=False)} is local, nothing to download"
+            f"prefetch: {errors.shown(model or 'the built-in model', 200, quote=False)} is local, nothing to download"
         )
         return 0
     cache = serve_cache(found, env)

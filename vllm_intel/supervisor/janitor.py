@@ -36,13 +36,15 @@ import re
 import shutil
 import stat
 import tempfile
-import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable
 
 import psutil
 
-from .settings import RUN_DIR_PREFIX, TICK_S, log
+from .log import log
+from .paths import RUN_DIR_PREFIX
+from .timing import TICK_S
 
 # Names vLLM (multiprocessing) gives its shared memory segments and semaphores in /dev/shm.
 SHM_PATTERNS = (
@@ -56,10 +58,10 @@ LOCK_FILE = "supervisor.lock"
 # How often the watcher records what the run maps: often while vLLM creates its segments at
 # start-up, then rarely (a late segment is still claimed before a crash can leave it behind).
 WATCH_FAST_S, WATCH_FAST_FOR_S, WATCH_SLOW_S = TICK_S, 180.0, 5.0
-# A scan reads the maps of every process of the tree (~13 ms of CPU with vLLM's libraries mapped:
-# 0.7 s of the supervisor's CPU while vLLM started, taken from vLLM on a busy host), so the
-# watcher scans only while unclaimed vLLM entries are new: this many times after the set of them
-# last changed (a process maps an entry a moment after creating it).
+# A scan reads the maps of every process of the tree, costly with vLLM's libraries mapped (CPU
+# taken from vLLM's own start: docs/bench.md, "overhead"), so the watcher scans only while
+# unclaimed vLLM entries are new: this many times after the set of them last changed (a process
+# maps an entry a moment after creating it).
 SCANS_AFTER_CHANGE = 4
 
 
@@ -225,13 +227,15 @@ class Claim:
         return removed
 
 
-class Watcher(threading.Thread):
-    """Records in the claim the shm entries that the process tree of `pid` maps or has open."""
+class Watcher:
+    """Records in the claim the shm entries that the process tree of `pid` maps or has open.
+    No thread of its own: the supervisor's loop calls `tick()` on every turn."""
 
     def __init__(self, claim: Claim, shm_dir: pathlib.Path, pid: int):
-        super().__init__(name="janitor", daemon=True)
         self.claim, self.shm_dir, self.pid = claim, shm_dir, pid
-        self.stopped = threading.Event()
+        self.started = self.next_at = time.monotonic()
+        self.seen: frozenset = frozenset()
+        self.scans_left = 0
 
     def scan(self, unclaimed=None) -> None:
         """Claim the unclaimed vLLM entries the run's processes map (`unclaimed`: as just listed
@@ -248,24 +252,23 @@ class Watcher(threading.Thread):
             if entry.name not in self.claim.names
         )
 
-    def run(self) -> None:
-        waited, seen, scans_left = 0.0, frozenset(), 0
-        while not self.stopped.is_set():
-            with contextlib.suppress(OSError, psutil.Error):
-                new = self.unclaimed()
-                if new != seen:
-                    seen, scans_left = new, SCANS_AFTER_CHANGE
-                if new and scans_left > 0:
-                    scans_left -= 1
-                    self.scan(new)
-            period = WATCH_FAST_S if waited < WATCH_FAST_FOR_S else WATCH_SLOW_S
-            self.stopped.wait(period)
-            waited += period
-
-    def stop(self) -> None:
-        self.stopped.set()
-        if self.is_alive():
-            self.join(timeout=5)
+    def tick(self, now: float | None = None) -> None:
+        """Scan when due: every WATCH_FAST_S for WATCH_FAST_FOR_S (vLLM creates its segments
+        while it starts), then every WATCH_SLOW_S; the maps are read only while the unclaimed
+        entries have changed in the last SCANS_AFTER_CHANGE looks (a scan reads every process's
+        maps; another server's entries, never mapped here, stop being scanned)."""
+        now = time.monotonic() if now is None else now
+        if now < self.next_at:
+            return
+        with contextlib.suppress(OSError, psutil.Error):
+            new = self.unclaimed()
+            if new != self.seen:
+                self.seen, self.scans_left = new, SCANS_AFTER_CHANGE
+            if new and self.scans_left > 0:
+                self.scans_left -= 1
+                self.scan(new)
+        fast = now - self.started < WATCH_FAST_FOR_S
+        self.next_at = now + (WATCH_FAST_S if fast else WATCH_SLOW_S)
 
 
 # ---------------------------------------------------------------------------------- the sweep
@@ -446,26 +449,28 @@ class Run:
     claim: Claim | None  # None without a shm_dir (nothing there to claim)
     shm_dir: pathlib.Path
     watcher: Watcher | None = None
+    swept: int = 0  # dead runs' entries the sweep before this run removed
 
-    def watch(self, pid: int) -> None:
+    def watch(self, pid: int) -> Watcher | None:
+        """The watcher of `pid`'s tree, for the loop to tick (None: no shm directory)."""
         if self.claim is not None:
             self.watcher = Watcher(self.claim, self.shm_dir, pid)
-            self.watcher.start()
+        return self.watcher
 
 
 @contextlib.contextmanager
 def run_dir(tmp_dir: pathlib.Path, shm_dir: pathlib.Path):
     """One run: sweeps dead runs' leftovers, makes and locks the run directory and the claim; on
     exit (every process of the run gone) removes what the run claimed and its directory."""
-    report(sweep(shm_dir, tmp_dir))
+    found = sweep(shm_dir, tmp_dir)
+    report(found)
     path = pathlib.Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=tmp_dir))
     lock_fd = create_locked(path / LOCK_FILE)
     run = Run(path, Claim(shm_dir, path) if shm_dir.is_dir() else None, shm_dir)
+    run.swept = len(found.removed)
     try:
         yield run
     finally:
-        if run.watcher is not None:
-            run.watcher.stop()
         if run.claim is not None:
             removed = run.claim.release()
             if removed:

@@ -16,9 +16,12 @@ import sys
 import time
 
 from .. import drain_forecast
-from . import janitor, settings
+from . import errors, janitor, settings, timing
+from .errors import Exit
+from .log import log
 from .observe import Observer
-from .settings import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S, Exit, State, log
+from .state import State
+from .timing import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S
 
 STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
 # Not forwarded: SIGCHLD (ours), the job-control stop signals (a stopped vLLM would hold every
@@ -151,14 +154,26 @@ def exec_argv(argv: list[str], errfd: int, cpus: list[int] | None) -> list[str]:
     return [sys.executable, "-I", "-S", "-c", _EXEC_CHILD, str(errfd), str(os.getpid()), pin, *argv]
 
 
-def popen_exec(argv: list[str], env: dict[str, str], cpus: list[int] | None) -> subprocess.Popen:
+def popen_exec(
+    argv: list[str],
+    env: dict[str, str],
+    cpus: list[int] | None,
+    output: tuple[int, int] | None = None,
+) -> subprocess.Popen:
     """Popen of `argv` in a session of its own, set up by _EXEC_CHILD; returns once `argv` is
-    executing. Raises OSError (it cannot be executed) or SubprocessError (the set-up failed)."""
+    executing. `output`: its stdout and stderr (None: ours). Raises OSError (it cannot be
+    executed) or SubprocessError (the set-up failed)."""
     r, w = os.pipe()  # both close-on-exec; pass_fds hands `w` to the child only
     try:
         try:
+            out, err_out = output or (None, None)
             child = subprocess.Popen(
-                exec_argv(argv, w, cpus), env=env, start_new_session=True, pass_fds=(w,)
+                exec_argv(argv, w, cpus),
+                env=env,
+                start_new_session=True,
+                pass_fds=(w,),
+                stdout=out,
+                stderr=err_out,
             )
         finally:
             os.close(w)
@@ -176,7 +191,7 @@ def popen_exec(argv: list[str], env: dict[str, str], cpus: list[int] | None) -> 
 
 
 class Supervisor:
-    def __init__(self, cfg: settings.ServeConfig, state_path: pathlib.Path):
+    def __init__(self, cfg: settings.ServeConfig, state_path: pathlib.Path, metrics=None):
         self.argv, self.port, self.drain, self.url = cfg.argv, cfg.port, cfg.drain, cfg.url
         self.state_path = state_path
         self.state_written: tuple[int, int, int] | None = None  # our last write
@@ -186,12 +201,16 @@ class Supervisor:
         self.exited_at: float | None = None  # time.monotonic() when the API server was reaped
         self.started = time.monotonic()
         self.stop_requested_at: float | None = None
+        self.was_serving = False  # at the stop request
         self.escalate_at: float | None = None
         self.kill_at: float | None = None
         self.escalated = False
         self.group_term_at: float | None = None  # a stop while starting: the group's SIGTERM
         self.observer = Observer(self.url, cfg.count_requests)
         self.forecast_path: str | None = None  # where vLLM's API server writes the drain forecast
+        self.watcher: janitor.Watcher | None = None  # records what vLLM maps in shm (cli.py)
+        self.metrics = metrics  # metrics.Metrics, served on the probe port (None: not kept)
+        self.forecast = None  # drain_forecast.Forecast, once vLLM's API server wrote it
 
     # -- set up ---------------------------------------------------------------------------
     @staticmethod
@@ -226,20 +245,27 @@ class Supervisor:
     def set_state(self, state: State, why: str) -> None:
         self.state = state
         self.write_state()
-        log(f"state {state.value}: {why}")
+        log(f"state {state.value}: {why}", event="state", state=state.value)
+        if self.metrics:
+            self.metrics.state.state(state.value)
 
     # -- spawn ----------------------------------------------------------------------------
-    def spawn(self, env: dict[str, str], cpus: list[int] | None = None) -> int | None:
+    def spawn(
+        self,
+        env: dict[str, str],
+        cpus: list[int] | None = None,
+        output: tuple[int, int] | None = None,
+    ) -> int | None:
         self.forecast_path = env.get(drain_forecast.FORECAST_ENV)
         try:
-            self.child = popen_exec(self.argv, env, cpus)
+            self.child = popen_exec(self.argv, env, cpus, output)
         except (OSError, subprocess.SubprocessError) as e:  # the latter: the set-up failed
             log(f"cannot execute {self.argv[0]}: {e}")
             return Exit.CANNOT_EXEC
         self.set_state(
             State.STARTING,
             f"vllm serve pid {self.child.pid}, {self.url}, drain {self.drain} s, "
-            f"deadline {settings.deadline(self.drain)} s after SIGTERM",
+            f"deadline {timing.deadline(self.drain)} s after SIGTERM",
         )
         self.observer.start()
         return None
@@ -253,7 +279,16 @@ class Supervisor:
             self.reap()
             self.check_deadline()
             self.check_ready()
+            if self.watcher is not None:
+                self.watcher.tick()  # a few stat()s; the maps only while new entries appear
+            if self.metrics and self.stop_requested_at is not None:
+                self.update_drain_metrics()
         return self.finish()
+
+    def update_drain_metrics(self) -> None:
+        if self.forecast is None and self.forecast_path:
+            self.forecast = drain_forecast.read(self.forecast_path)
+        self.metrics.drain_progress(self.observer.at_drain, self.observer.last, self.forecast)
 
     def on_signal(self, sig: int) -> None:
         if sig == signal.SIGCHLD:
@@ -273,8 +308,11 @@ class Supervisor:
         self.signal_child(signal.SIGTERM)
         self.check_ready()  # the observer may have seen vLLM ready since the loop last looked
         self.stop_requested_at = now
-        self.kill_at = now + settings.deadline(self.drain)
+        self.kill_at = now + timing.deadline(self.drain)
         self.escalate_at = self.kill_at - KILL_GRACE_S
+        self.was_serving = self.state == State.SERVING
+        if self.metrics:
+            self.metrics.window_s.set(self.drain)
         if self.state == State.STARTING:
             # Nothing was accepted yet, so nothing to drain; vLLM may not act on SIGTERM until
             # its engine is up (its API server waits for the engine core's handshake).
@@ -283,7 +321,7 @@ class Supervisor:
         self.set_state(
             State.DRAINING,
             f"{signal.Signals(sig).name} received, forwarded to vLLM; drain window "
-            f"{self.drain} s, hard deadline {settings.deadline(self.drain)} s",
+            f"{self.drain} s, hard deadline {timing.deadline(self.drain)} s",
         )
 
     def escalate(self, now: float) -> None:
@@ -330,7 +368,10 @@ class Supervisor:
 
     def check_ready(self) -> None:
         if self.state == State.STARTING and self.observer.ready.is_set():
-            self.set_state(State.SERVING, f"ready after {time.monotonic() - self.started:.1f} s")
+            took = time.monotonic() - self.started
+            if self.metrics:
+                self.metrics.ready_s.set(took)
+            self.set_state(State.SERVING, f"ready after {took:.1f} s")
 
     # -- exit -----------------------------------------------------------------------------
     def signal_child(self, sig: int) -> None:
@@ -358,7 +399,7 @@ class Supervisor:
 
     def finish(self) -> int:
         self.observer.stop()
-        code = settings.exit_code(
+        code = errors.exit_code(
             self.returncode,
             stop_requested=self.stop_requested_at is not None,
             escalated=self.escalated,
@@ -371,8 +412,37 @@ class Supervisor:
             self.signal_group(signal.SIGKILL)
             self.wait_group(5)
         reap_all()
-        log(self.summary(code))
+        log(self.summary(code), event="exit", code=int(code))
+        if self.metrics and self.stop_requested_at is not None:
+            self.record_outcome()
         return code
+
+    def record_outcome(self) -> None:
+        from .metrics import drain_outcome
+
+        self.update_drain_metrics()
+        last, first = self.observer.last, self.observer.at_drain
+        aborted = None if last is None or first is None else last["aborted"] - first["aborted"]
+        self.metrics.drain_s.set((self.exited_at or time.monotonic()) - self.stop_requested_at)
+        outcome = drain_outcome(
+            escalated=self.escalated, aborted=aborted, was_serving=self.was_serving
+        )
+        self.metrics.drains.labels(outcome).inc()
+
+    def drained_requests(self) -> bool:
+        """Requests were in flight when the stop came (an idle stop has nothing to report)."""
+        first = self.observer.at_drain
+        counted = first is not None and first["running"] + first["waiting"] > 0
+        return counted or bool(self.forecast and self.forecast.in_flight)
+
+    def linger(self, seconds: float) -> None:
+        """After vLLM's exit, keep the probe port's /metrics up `seconds` for a last scrape; a
+        signal ends it at once."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            sig = wait_signal(_WATCHED_SET, left)
+            if sig is not None and sig != signal.SIGCHLD:
+                return
 
     def wait_group(self, seconds: float) -> None:
         end = time.monotonic() + seconds

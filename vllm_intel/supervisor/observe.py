@@ -12,7 +12,7 @@ import time
 import urllib.error
 import urllib.request
 
-from .settings import HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S, TICK_S
+from .timing import HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S, TICK_S
 
 
 def http_get(url: str, path: str, timeout: float) -> tuple[int, str]:

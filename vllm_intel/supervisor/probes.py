@@ -12,7 +12,6 @@ import ipaddress
 import json
 import os
 import pathlib
-import queue
 import selectors
 import socket
 import stat
@@ -22,11 +21,14 @@ import time
 import urllib.parse
 from collections.abc import Callable
 
-from . import settings
+from . import paths, settings
+from .errors import ConfigError
+from .log import log
 from .observe import healthy
-from .settings import PROBE_TIMEOUT_S, ConfigError, State
+from .state import State
 
 KINDS = ("ready", "live")
+PROBE_TIMEOUT_S = 2.0  # how long a probe waits for vLLM's /health
 STATES = frozenset(s.value for s in State)
 
 
@@ -128,7 +130,7 @@ def probe(args: list[str], env=os.environ) -> int:
         port = settings.parse_port(
             "INTEL_VLLM_PORT", env.get("INTEL_VLLM_PORT", str(settings.DEFAULT_PORT))
         )
-    path = settings.state_file(port, env)
+    path = paths.state_file(port, env)
     try:
         data = parse_state(read_state(path))
     except OSError:
@@ -150,13 +152,15 @@ def probe(args: list[str], env=os.environ) -> int:
 
 
 # -- the probe port ----------------------------------------------------------------------
-# One thread reads requests (a selector: an idle or slow connection costs a socket, never a
-# thread), WORKERS threads answer the complete ones. A connection that has not sent its request
-# within CONN_TIMEOUT_S is closed; past MAX_PENDING open connections the oldest goes (a probe sends
-# its request at once, so the oldest are the idle ones).
-WORKERS = 4  # vLLM asked at most PROBE_TIMEOUT_S each: probes of several kubelets at once
+# One thread serves the port: a selector reads requests (an idle or slow connection costs a
+# socket, never a thread) and each complete one is answered at once. A connection that has not
+# sent its request within CONN_TIMEOUT_S is closed; past MAX_PENDING open connections the oldest
+# goes (a probe sends its request at once, so the oldest are the idle ones). vLLM's /health is
+# asked at most once per HEALTH_CACHE_S whatever the number of probes: the answers in between
+# (several kubelets, a probe storm) reuse it, so a slow vLLM delays the port by at most one
+# PROBE_TIMEOUT_S per HEALTH_CACHE_S, never by one per probe.
+HEALTH_CACHE_S = 1.0
 MAX_PENDING = 128
-MAX_QUEUED = 64  # complete requests waiting for a worker; past that, closed unanswered
 CONN_TIMEOUT_S = 5.0
 MAX_REQUEST = 8192  # request line and headers
 BACKLOG = 128
@@ -201,34 +205,39 @@ def _bind(sock: socket.socket, addr) -> socket.socket:
     return sock
 
 
-def response(status: int, body: bytes) -> bytes:
+def response(status: int, body: bytes, content_type: str = "text/plain") -> bytes:
     head = (
-        f"HTTP/1.0 {status} {REASONS[status]}\r\nContent-Type: text/plain\r\n"
+        f"HTTP/1.0 {status} {REASONS[status]}\r\nContent-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     return head.encode() + body
 
 
 def request_kind(raw: bytes) -> tuple[int, str | None]:
-    """(0, kind) for `GET /ready` or `GET /live`, else (the error status, None)."""
+    """(0, kind) for `GET /ready`, `/live` or `/metrics`, else (the error status, None)."""
     words = raw.split(b"\n", 1)[0].split()
     if len(words) != 3 or not words[2].startswith(b"HTTP/"):
         return 400, None
     if words[0] != b"GET":
         return 501, None
     kind = words[1].decode("latin-1").split("?")[0].strip("/")
-    return (0, kind) if kind in KINDS else (404, None)
+    return (0, kind) if kind in (*KINDS, "metrics") else (404, None)
 
 
 class ProbeServer:
-    """GET /ready and /live on a port, from daemon threads (see above)."""
+    """GET /ready and /live on a port, from one daemon thread (see above)."""
 
-    def __init__(self, port: int, answer: Callable[[str], tuple[bool, str]]):
+    def __init__(
+        self,
+        port: int,
+        answer: Callable[[str], tuple[bool, str]],
+        metrics: Callable[[], bytes] | None = None,
+    ):
         self.answer = answer  # kind -> (ok, body line)
+        self.metrics = metrics  # the Prometheus exposition, or None: /metrics is 404
         self.socket = listen(port)
         self.server_address = self.socket.getsockname()
         self._pending: dict[socket.socket, tuple[float, bytearray]] = {}  # oldest first
-        self._queue: queue.Queue = queue.Queue(MAX_QUEUED)
         self._stop = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -236,10 +245,6 @@ class ProbeServer:
         self._sel.register(self.socket, selectors.EVENT_READ, "listen")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._threads = [threading.Thread(target=self._read_loop, name="probes", daemon=True)]
-        self._threads += [
-            threading.Thread(target=self._work_loop, name=f"probes-{i}", daemon=True)
-            for i in range(WORKERS)
-        ]
 
     def start(self) -> ProbeServer:
         for t in self._threads:
@@ -249,8 +254,6 @@ class ProbeServer:
     def shutdown(self) -> None:
         self._stop.set()
         self._wake_w.send(b"x")
-        for _ in range(WORKERS):
-            self._queue.put((None, b""))
         for t in self._threads:
             t.join(5)
 
@@ -315,10 +318,7 @@ class ProbeServer:
             return
         self._sel.unregister(sock)
         del self._pending[sock]
-        try:
-            self._queue.put_nowait((sock, bytes(buf)))
-        except queue.Full:
-            sock.close()
+        self._respond(sock, bytes(buf))
 
     def _drop(self, sock: socket.socket) -> None:
         self._pending.pop(sock, None)
@@ -328,30 +328,32 @@ class ProbeServer:
             pass
         sock.close()
 
-    # -- the workers ---------------------------------------------------------------------
-    def _work_loop(self) -> None:
-        while True:
-            sock, raw = self._queue.get()
-            if sock is None:
-                return
-            try:
-                self._answer(sock, raw)
-            except OSError:  # the client reset or went away: nothing to say
-                pass
-            except Exception as e:  # noqa: BLE001 (a bug: one line, and the port keeps answering)
-                log_once(f"probe port: {type(e).__name__}: {e}")
-            finally:
-                sock.close()
+    # -- the answers ---------------------------------------------------------------------
+    def _respond(self, sock: socket.socket, raw: bytes) -> None:
+        try:
+            self._answer(sock, raw)
+        except OSError:  # the client reset or went away: nothing to say
+            pass
+        except Exception as e:  # noqa: BLE001 (a bug: one line, and the port keeps answering)
+            log_once(f"probe port: {type(e).__name__}: {e}")
+        finally:
+            sock.close()
 
     def _answer(self, sock: socket.socket, raw: bytes) -> None:
         status, kind = request_kind(raw)
-        if kind is not None:
+        content_type = "text/plain"
+        if kind == "metrics" and self.metrics is not None:
+            from .metrics import CONTENT_TYPE
+
+            status, body, content_type = 200, self.metrics(), CONTENT_TYPE
+        elif kind in KINDS:
             ok, line = self.answer(kind)
             status, body = (200 if ok else 503), f"{line}\n".encode()
         else:
+            status = status or 404
             body = f"{status} {REASONS[status]}\n".encode()
         sock.settimeout(CONN_TIMEOUT_S)
-        sock.sendall(response(status, body))
+        sock.sendall(response(status, body, content_type))
 
 
 _logged: set[str] = set()
@@ -360,19 +362,38 @@ _logged: set[str] = set()
 def log_once(msg: str) -> None:
     if msg not in _logged:
         _logged.add(msg)
-        settings.log(msg)
+        log(msg)
 
 
-def serve_http(probe_port: int, vllm_url: str, state: Callable[[], State]) -> ProbeServer:
-    """Answer GET /ready and /live on probe_port from daemon threads; returns the server. Raises
-    OSError when the port cannot be bound."""
+def serve_http(
+    probe_port: int,
+    vllm_url: str,
+    state: Callable[[], State],
+    metrics: Callable[[], bytes] | None = None,
+) -> ProbeServer:
+    """Answer GET /ready, /live (and /metrics: `metrics()`) on probe_port from one daemon
+    thread; returns the server. Raises OSError when the port cannot be bound."""
+    health = CachedHealth(vllm_url)
 
     def answer(kind: str) -> tuple[bool, str]:
         current = state().value
         # Ask vLLM only when the answer depends on it (never once readiness is lost).
-        ok = decide(kind, current, False) or (
-            decide(kind, current, True) and healthy(vllm_url, PROBE_TIMEOUT_S)
-        )
+        ok = decide(kind, current, False) or (decide(kind, current, True) and health())
         return ok, f"{'' if ok else 'not '}{kind}: state {current}"
 
-    return ProbeServer(probe_port, answer).start()
+    return ProbeServer(probe_port, answer, metrics).start()
+
+
+class CachedHealth:
+    """vLLM's /health, asked again only when the last answer is older than HEALTH_CACHE_S."""
+
+    def __init__(self, url: str, clock: Callable[[], float] = time.monotonic):
+        self.url, self.clock = url, clock
+        self.ok, self.at = False, None
+
+    def __call__(self) -> bool:
+        now = self.clock()
+        if self.at is None or now - self.at >= HEALTH_CACHE_S:
+            self.ok = healthy(self.url, PROBE_TIMEOUT_S)
+            self.at = self.clock()  # after the call: a slow answer is not stale at once
+        return self.ok

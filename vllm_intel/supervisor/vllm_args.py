@@ -45,7 +45,13 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from .settings import MAX_CONFIG_BYTES, MAX_DIGITS, MAX_DRAIN_S, MAX_PARALLEL, ConfigError, shown
+from .errors import ConfigError, shown
+from .timing import MAX_DRAIN_S
+
+# Bounds on inputs: a value past them is refused (exit 64) before anything starts.
+MAX_CONFIG_BYTES = 1 << 20  # a --config file is a few vLLM flags, never megabytes
+MAX_PARALLEL = 1024  # --tensor-parallel-size, --pipeline-parallel-size and their product
+MAX_DIGITS = 12  # longer numbers are refused before int() (Python refuses > 4300 digits itself)
 
 # The flags read here, by vLLM dest: option strings and whether the flag takes a value.
 FLAGS = {
@@ -291,60 +297,56 @@ def _abbreviates(arg: str) -> str | None:
     return hits[0] if hits else None
 
 
-def resolve(argv: list[str], bounds: bool = True) -> VllmArgs:
-    """What `vllm serve ARGV` would use for the settings in FLAGS. Raises ConfigError, also for
-    values outside BOUNDS (and more than MAX_PARALLEL workers) unless bounds=False: vLLM's
-    own parser takes those, and fails later or never (a port of -5, a drain of 10**20 s)."""
+def _model_first(argv: list[str]) -> list[str]:
+    """argv with the first --model moved to the front as the positional model (vLLM does this
+    first)."""
     args = list(argv)
-    for a in args:
-        _refuse_secret(a)
-    source = {}
-    # 1. The first --model moves to the front as the positional model (vLLM does this first).
     first_model = next((i for i, a in enumerate(args) if MODEL_FLAG.match(a)), None)
-    if first_model is not None:
-        if args[first_model] == "--model":
-            if first_model + 1 >= len(args):
-                raise ConfigError("--model needs a value")
-            tag, rest = args[first_model + 1], first_model + 2
-        else:
-            tag, rest = args[first_model].removeprefix("--model="), first_model + 1
-        args = [tag, *args[:first_model], *args[rest:]]
-        if argv and not argv[0].startswith("-") and first_model > 0:
-            raise ConfigError(
-                f"model given twice: {shown(argv[0], 200, quote=False)} and "
-                f"--model {shown(tag, 200, quote=False)}"
-            )
-    model_in_cli = bool(args) and not args[0].startswith("-")
-    config_path = None
+    if first_model is None:
+        return args
+    if args[first_model] == "--model":
+        if first_model + 1 >= len(args):
+            raise ConfigError("--model needs a value")
+        tag, rest = args[first_model + 1], first_model + 2
+    else:
+        tag, rest = args[first_model].removeprefix("--model="), first_model + 1
+    if argv and not argv[0].startswith("-") and first_model > 0:
+        raise ConfigError(
+            f"model given twice: {shown(argv[0], 200, quote=False)} and "
+            f"--model {shown(tag, 200, quote=False)}"
+        )
+    return [tag, *args[:first_model], *args[rest:]]
+
+
+def _splice_config(args: list[str], model_in_cli: bool) -> tuple[list[str], str | None, range]:
+    """(args, config path, the indices that came from the file): the config file's flags go
+    right after the model, before the command line's."""
     for a in args:
         if a.startswith("--config="):
             raise ConfigError(
                 f"{a}: vLLM ignores the file when it is written this way; write --config FILE"
             )
-    # 2. The config file's flags go right after the model, before the command line's.
-    if "--config" in args:
-        if args.count("--config") > 1:
-            raise ConfigError("--config given more than once (vLLM reads one config file)")
-        at = args.index("--config")
-        if at == len(args) - 1:
-            raise ConfigError("--config needs a file")
-        config_path = args[at + 1]
-        from_file = load_config_file(config_path)
-        rest = args[:at] + args[at + 2 :]
-        head = 1 if model_in_cli else 0
-        args = rest[:head] + from_file + rest[head:]
-        cli_start = head + len(from_file)  # args[head:cli_start] came from the file
-    else:
-        head, cli_start = 0, 0
-    found = VllmArgs(config=config_path, source=source)
-    if model_in_cli:
-        found.model = args[0]
-        source["model"] = "the command line"
+    if "--config" not in args:
+        return args, None, range(0)
+    if args.count("--config") > 1:
+        raise ConfigError("--config given more than once (vLLM reads one config file)")
+    at = args.index("--config")
+    if at == len(args) - 1:
+        raise ConfigError("--config needs a file")
+    config_path = args[at + 1]
+    from_file = load_config_file(config_path)
+    rest = args[:at] + args[at + 2 :]
+    head = 1 if model_in_cli else 0
+    return rest[:head] + from_file + rest[head:], config_path, range(head, head + len(from_file))
+
+
+def _scan(args: list[str], found: VllmArgs, model_in_cli: bool, from_file: range, bounds: bool):
+    """Set in `found` each flag of FLAGS that args give (the last one wins), and its source."""
     i = 1 if model_in_cli else 0
     while i < len(args):
         raw = args[i]
         arg = _normalise(raw)
-        origin = f"the config file {config_path}" if head <= i < cli_start else "the command line"
+        origin = f"the config file {found.config}" if i in from_file else "the command line"
         i += 1
         if (full := _abbreviates(arg)) is not None:
             raise ConfigError(
@@ -370,9 +372,25 @@ def resolve(argv: list[str], bounds: bool = True) -> VllmArgs:
         if dest in INTS:
             value = _parse_int(name, dest, value, origin, bounds)
         setattr(found, dest, value)
-        source[dest] = origin
+        found.source[dest] = origin
+
+
+def resolve(argv: list[str], bounds: bool = True) -> VllmArgs:
+    """What `vllm serve ARGV` would use for the settings in FLAGS. Raises ConfigError, also for
+    values outside BOUNDS (and more than MAX_PARALLEL workers) unless bounds=False: vLLM's
+    own parser takes those, and fails later or never (a port of -5, a drain of 10**20 s)."""
+    for a in argv:
+        _refuse_secret(a)
+    args = _model_first(argv)
+    model_in_cli = bool(args) and not args[0].startswith("-")
+    args, config_path, from_file = _splice_config(args, model_in_cli)
+    found = VllmArgs(config=config_path, source={})
+    if model_in_cli:
+        found.model = args[0]
+        found.source["model"] = "the command line"
+    _scan(args, found, model_in_cli, from_file, bounds)
     if bounds and found.model is not None and not found.model.strip():
-        raise ConfigError(f"the model name is empty (in {source['model']})")
+        raise ConfigError(f"the model name is empty (in {found.source['model']})")
     workers = (found.tensor_parallel_size or 1) * (found.pipeline_parallel_size or 1)
     if bounds and abs(workers) > MAX_PARALLEL:
         raise ConfigError(

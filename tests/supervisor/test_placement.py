@@ -1,4 +1,4 @@
-"""The pin follows free CPUs (supervisor/pinning.py): the choice, the load others put on each CPU
+"""The pin follows free CPUs (supervisor/placement.py): the choice, the load others put on each CPU
 from two samples, and real processes: a vLLM-like tree pinned to a CPU that a foreign busy loop
 also uses moves, every thread of it, to the free CPU. (That it stays where others' load is
 within the margin, or no better elsewhere, is test_choose: on a real host that depends on the
@@ -18,8 +18,8 @@ import psutil
 import pytest
 
 from tests.harness import ROOT
-from vllm_intel.supervisor import pinning
-from vllm_intel.supervisor.pinning import choose
+from vllm_intel.supervisor import placement
+from vllm_intel.supervisor.placement import choose
 
 
 @pytest.mark.parametrize(
@@ -45,8 +45,8 @@ def test_choose_takes_one_cpu_per_core_first():
 
 
 def test_others_take_vllms_own_use_off_the_pinned_cpus():
-    f = pinning.Follower(1, [0], [0, 1])
-    hz = pinning.TICKS_PER_S
+    f = placement.Follower(1, [0], [0, 1])
+    hz = placement.TICKS_PER_S
     # 1 s: CPU 0 fully busy, of which vLLM used 0.6 s; CPU 1 a quarter busy
     before = ({0: (0, 0), 1: (0, 0)}, 10.0)
     after = ({0: (0, hz), 1: (hz * 3 // 4, hz)}, 10.6)
@@ -115,7 +115,7 @@ def test_a_tree_on_a_busy_cpu_moves_to_the_free_one(two_cpus, procs, capsys):
         preexec_fn=lambda: os.sched_setaffinity(0, [busy]),
     )
     procs.append(loop)
-    follower = pinning.Follower(tree.pid, [busy], two_cpus, check_s=0.3).start()
+    follower = placement.Follower(tree.pid, [busy], two_cpus, check_s=0.3).start()
     try:
         end = time.monotonic() + 8
         while time.monotonic() < end and affinities(tree.pid) == {frozenset([busy])}:
@@ -130,7 +130,7 @@ def test_a_tree_on_a_busy_cpu_moves_to_the_free_one(two_cpus, procs, capsys):
 
 def loaded(seconds: float, ours_busy: float, other_busy: float) -> tuple:
     """A sample `seconds` after the zero sample: CPU 0 (ours) and CPU 1 busy by these shares."""
-    hz = pinning.TICKS_PER_S
+    hz = placement.TICKS_PER_S
     total = int(seconds * hz)
     return (
         {0: (int(total * (1 - ours_busy)), total), 1: (int(total * (1 - other_busy)), total)},
@@ -142,7 +142,7 @@ def loaded(seconds: float, ours_busy: float, other_busy: float) -> tuple:
 def test_looks_across_a_freeze_are_dropped(late_s, moves):
     """Someone else's work on our CPU in two looks in a row moves us; the same load seen in looks
     during which a wake-up came 5 s late (docker pause froze the supervisor with vLLM) does not."""
-    f = pinning.Follower(1, [0], [0, 1], check_s=10.0)
+    f = placement.Follower(1, [0], [0, 1], check_s=10.0)
     f._last = ({0: (0, 0), 1: (0, 0)}, 0.0)
     got = [f.look(loaded(10.0 * k, 0.95, 0.05), late_s) for k in (1, 2, 3)]
     assert got == ([None, [1], [1]] if moves else [None, None, None])
@@ -150,9 +150,9 @@ def test_looks_across_a_freeze_are_dropped(late_s, moves):
 
 
 WAITER = """
-from vllm_intel.supervisor import pinning
+from vllm_intel.supervisor import placement
 print("waiting", flush=True)
-print(pinning.Follower(1, [0], [0, 1]).wait(float(__import__("sys").argv[1])), flush=True)
+print(placement.Follower(1, [0], [0, 1]).wait(float(__import__("sys").argv[1])), flush=True)
 """
 
 
@@ -178,7 +178,9 @@ def test_the_wait_sees_a_freeze_that_ends_before_it_does(stopped_s):
         child.kill()
         child.wait()
     if stopped_s:
-        assert stopped_s - pinning.WAKE_S - 0.3 < late < stopped_s + 0.5 and late > pinning.LATE_S
+        assert (
+            stopped_s - placement.WAKE_S - 0.3 < late < stopped_s + 0.5 and late > placement.LATE_S
+        )
     else:
         assert late < 0.5
 
@@ -195,10 +197,10 @@ class Recycled(psutil.Process):
 def wants_to_move(monkeypatch):
     """Every look wants a move; every move and affinity change recorded, none made."""
     calls = []
-    monkeypatch.setattr(pinning, "choose", lambda pinned, allowed, *a: [allowed[-1]])
-    monkeypatch.setattr(pinning, "LOOKS", 1)
-    monkeypatch.setattr(pinning, "WAKE_S", 0.05)
-    monkeypatch.setattr(pinning.os, "sched_setaffinity", lambda *a: calls.append(("affinity", a)))
+    monkeypatch.setattr(placement, "choose", lambda pinned, allowed, *a: [allowed[-1]])
+    monkeypatch.setattr(placement, "LOOKS", 1)
+    monkeypatch.setattr(placement, "WAKE_S", 0.05)
+    monkeypatch.setattr(placement.os, "sched_setaffinity", lambda *a: calls.append(("affinity", a)))
     errors = []
     monkeypatch.setattr(threading, "excepthook", lambda args: errors.append(args.exc_value))
     return calls, errors
@@ -217,8 +219,8 @@ def test_a_recycled_pid_is_never_moved(procs, wants_to_move):
     calls, errors = wants_to_move
     other = sleeper(procs)
     handle = Recycled(other.pid)
-    assert pinning.move(handle, [0]) == 0
-    follower = pinning.Follower(handle, [0], [0, 1], check_s=0.05).start()
+    assert placement.move(handle, [0]) == 0
+    follower = placement.Follower(handle, [0], [0, 1], check_s=0.05).start()
     follower._thread.join(3)
     assert not follower._thread.is_alive()
     assert calls == [] and errors == []
@@ -227,9 +229,9 @@ def test_a_recycled_pid_is_never_moved(procs, wants_to_move):
 def test_the_follower_stops_when_vllm_is_reaped(procs, wants_to_move, monkeypatch):
     calls, errors = wants_to_move
     moves = []
-    monkeypatch.setattr(pinning, "move", lambda root, cpus: moves.append(root) or 1)
+    monkeypatch.setattr(placement, "move", lambda root, cpus: moves.append(root) or 1)
     child = sleeper(procs)
-    follower = pinning.Follower(child.pid, [0], [0, 1], check_s=30.0).start()
+    follower = placement.Follower(child.pid, [0], [0, 1], check_s=30.0).start()
     time.sleep(0.2)
     assert follower._thread.is_alive()
     child.kill()
@@ -242,9 +244,9 @@ def test_the_follower_stops_when_vllm_is_reaped(procs, wants_to_move, monkeypatc
 def test_a_live_vllm_is_moved_through_its_handle(procs, wants_to_move, monkeypatch):
     calls, errors = wants_to_move
     moves = []
-    monkeypatch.setattr(pinning, "move", lambda root, cpus: moves.append(root) or 1)
+    monkeypatch.setattr(placement, "move", lambda root, cpus: moves.append(root) or 1)
     child = sleeper(procs)
-    follower = pinning.Follower(child.pid, [0], [0, 1], check_s=0.05).start()
+    follower = placement.Follower(child.pid, [0], [0, 1], check_s=0.05).start()
     try:
         end = time.monotonic() + 5
         while not moves and time.monotonic() < end:

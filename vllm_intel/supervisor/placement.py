@@ -1,5 +1,8 @@
-"""The pin follows free CPUs: under a CPU quota the plan (INTEL_VLLM_CPU_PLAN=pin, opt-in)
-confines every vLLM process to ceil(quota) CPUs, the idlest at start (resources.plan). Later
+"""Where vLLM runs: the CPUs a pin takes (INTEL_VLLM_CPU_PLAN=pin, opt-in) and the follower that
+moves the pin off CPUs others load.
+
+The pin follows free CPUs: under a CPU quota the plan (INTEL_VLLM_CPU_PLAN=pin, opt-in)
+confines every vLLM process to ceil(quota) CPUs, the idlest at start (choose_pin). Later
 others may load those CPUs: two replicas started together saw the same idle CPUs and pinned to
 them, or a neighbour pinned its own work there. The kernel moves unpinned work away from a busy
 CPU, never pinned work, so a pin chosen once would stay on a shared CPU for good.
@@ -17,15 +20,18 @@ a freeze that ends before the look does leaves it on time.)
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pathlib
 import random
 import threading
 import time
 
 import psutil
 
-from . import resources
-from .settings import log
+from .limits import format_cpu_list, read_text
+from .log import log
+from .plan import Plan
 
 CHECK_S = 10.0
 MARGIN_CPU = 0.25  # CPUs of other work: less is the noise of a host's services and of us
@@ -33,6 +39,60 @@ LOOKS = 2  # in a row: a burst on our CPU is not a reason to move
 WAKE_S = 1.0
 LATE_S = 1.0  # a wake-up this late: frozen (a CFS quota stops a thread for under 0.1 s)
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+PROC_STAT = pathlib.Path("/proc/stat")
+
+
+def cpu_ticks(cpus, stat: pathlib.Path = PROC_STAT) -> dict[int, tuple[int, int]]:
+    """(idle + iowait, total) ticks so far of each CPU in `cpus` (/proc/stat, the host's CPUs).
+    Not psutil.cpu_times(percpu=True): its list has no CPU numbers, and with a CPU offline its
+    positions are not the numbers that affinity masks use."""
+    out = {}
+    for line in (read_text(stat) or "").splitlines():
+        name, *fields = line.split() or [""]
+        if name[3:].isdigit() and name.startswith("cpu") and int(name[3:]) in cpus:
+            # user nice system idle iowait irq softirq steal (guest time is inside user)
+            ticks = [int(f) for f in fields[:8]]
+            out[int(name[3:])] = (ticks[3] + ticks[4], sum(ticks))
+    return out
+
+
+def cpu_idle(cpus, sample_s: float = 0.2, stat: pathlib.Path = PROC_STAT) -> dict[int, int]:
+    """Idle + iowait ticks of each CPU in `cpus` over `sample_s`."""
+    before = cpu_ticks(cpus, stat)
+    time.sleep(sample_s)
+    after = cpu_ticks(cpus, stat)
+    return {cpu: after[cpu][0] - before.get(cpu, (0, 0))[0] for cpu in after}
+
+
+def one_per_core(ranked, n: int, core_of: dict | None = None) -> list[int]:
+    """The first n of `ranked` (best first), taking one CPU of each physical core before any SMT
+    sibling: two siblings share one core's execution units."""
+    core_of = core_of or {}
+    firsts, siblings, seen = [], [], set()
+    for cpu in ranked:
+        core = core_of.get(cpu, cpu)
+        (siblings if core in seen else firsts).append(cpu)
+        seen.add(core)
+    return sorted((firsts + siblings)[:n])
+
+
+def least_busy(cpus, n: int, idle: dict[int, int], core_of: dict | None = None) -> list[int]:
+    """The n CPUs of `cpus` idle longest, one per core first; on a tie the higher numbers (vLLM's
+    `auto` binding and many host services start at CPU 0)."""
+    ranked = sorted(cpus, key=lambda c: (idle.get(c, 0), c), reverse=True)
+    return one_per_core(ranked, n, core_of)
+
+
+def choose_pin(plan: Plan, idle=cpu_idle) -> Plan:
+    """The plan with the CPUs of its pin chosen: the idlest allowed ones now, one per physical
+    core first. `idle(cpus)`: each CPU's idle ticks, asked only when the plan pins."""
+    if not plan.pin_count:
+        return plan
+    allowed = plan.limits.cpus
+    cpus = least_busy(allowed, plan.pin_count, idle(allowed), plan.limits.core_of)
+    return dataclasses.replace(plan, pin=tuple(cpus))
 
 
 def choose(
@@ -43,7 +103,7 @@ def choose(
     keep the CPUs we are on, then the higher numbers."""
     n = len(pinned)
     ranked = sorted(allowed, key=lambda c: (others.get(c, 0.0), c not in pinned, -c))
-    best = resources.one_per_core(ranked, n, core_of)
+    best = one_per_core(ranked, n, core_of)
     here = sum(others.get(c, 0.0) for c in pinned) / n
     there = sum(others.get(c, 0.0) for c in best) / n
     return best if best != sorted(pinned) and here - there > MARGIN_CPU else None
@@ -157,7 +217,7 @@ class Follower:
         return move(self.proc, cpus) if self.alive() else 0
 
     def sample(self) -> tuple[dict[int, tuple[int, int]], float]:
-        return resources.cpu_ticks(set(self.allowed)), (tree_cpu_s(self.proc) if self.proc else 0.0)
+        return cpu_ticks(set(self.allowed)), (tree_cpu_s(self.proc) if self.proc else 0.0)
 
     def others(self, before, after) -> dict[int, float]:
         """Each allowed CPU's load from other processes between two samples, in CPUs."""
@@ -221,9 +281,9 @@ class Follower:
                 return  # vLLM is gone
             seen = self.seen
             log(
-                f"pin: CPU {resources.format_cpu_list(self.pinned)} carried "
+                f"pin: CPU {format_cpu_list(self.pinned)} carried "
                 f"{max(seen[c] for c in self.pinned if c in seen):.2f} CPU of other work, "
-                f"CPU {resources.format_cpu_list(target)} "
+                f"CPU {format_cpu_list(target)} "
                 f"{max(seen.get(c, 0.0) for c in target):.2f}: moved vLLM's {threads} threads there"
             )
             self.pinned, self._looks, self._target, moved = target, 0, None, True

@@ -10,6 +10,7 @@ prints one line per patch: name, state, reason. See docs/patches.md.
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing
 import os
@@ -99,6 +100,24 @@ def _failure(patches: list[Patch]) -> PatchFailedError | None:
     )
 
 
+STATES_DIR_ENV = "INTEL_VLLM_PATCH_STATES_DIR"  # the supervisor's run directory
+
+
+def _write_states(patches: list[Patch]) -> None:
+    """This process's patch states, for the supervisor's /metrics (best effort: never fails)."""
+    where = os.environ.get(STATES_DIR_ENV)
+    if not where:
+        return
+    data = {"process": process_kind(), "states": {p.name: p.state for p in patches}}
+    path = os.path.join(where, f"patch-states-{os.getpid()}.json")
+    try:
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(data, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
 def register() -> None:
     """vLLM general plugin entry point (once per process)."""
     global _registered_pid
@@ -124,6 +143,7 @@ def register() -> None:
         process_kind(),
         " ".join(f"{p.name}={p.state}" for p in _order(patches)),
     )
+    _write_states(patches)
     for p in patches:
         if p.state == FAILED and not strict:
             _emit(logging.WARNING, "vllm-intel patch %s failed: %s", p.name, p.reason)

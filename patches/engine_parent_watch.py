@@ -18,9 +18,9 @@ Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_engine_par
 What goes wrong: vLLM's workers watch their parent, the engine core (a death pipe: "Parent process
 exited"); the engine core watches nobody. When the API server dies without its shutdown path
 (SIGKILL, the OOM killer, a crash, or a supervisor's death taking it along), the engine core and
-its workers stay alive, idle, for good: ~2.3 GB of memory per pair with the tiny CPU model seen
-here for two hours, on a GPU the whole device memory, so the next server on that device fails or
-hangs. In a container the end of PID 1 ends them; on a bare host (a developer's machine, a CI
+its workers stay alive, idle, for good, holding their memory (docs/bench.md, "Measured outside
+`make bench`", "`engine-parent-watch`"), on a GPU the whole device memory, so the next server on
+that device fails or hangs. In a container the end of PID 1 ends them; on a bare host (a developer's machine, a CI
 agent) nothing does.
 
 What it changes: in the engine core process only, a daemon thread waits on a pidfd of the parent

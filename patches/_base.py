@@ -35,6 +35,7 @@ UNTESTED = "untested"  # the installed vLLM is outside the patch's tested range 
 NEEDED = "needed"  # check() only: apply() would change something
 PENDING = "pending"  # not applied/checked yet in this process
 
+UNTESTED_ENV = "INTEL_VLLM_PATCHES_UNTESTED"  # =1: apply patches outside their tested range
 _MISSING = object()
 
 
@@ -83,19 +84,17 @@ class Patch:
             untested = self.outside_range()
             if untested and not self.lifecycle:
                 if allow_untested is None:
-                    from .registry import allow_untested as env_allows
-
-                    allow_untested = env_allows(os.environ)
+                    allow_untested = env_allows_untested(os.environ)
                 if not allow_untested:
                     self.state = UNTESTED
-                    self.reason = f"{untested} ({_untested_env()}=1 applies it anyway)"
+                    self.reason = f"{untested} ({UNTESTED_ENV}=1 applies it anyway)"
                     return self.state
             state, reason = self.check()
             if state == NEEDED:
                 reason = self._apply() or reason
                 state = APPLIED
             if untested:
-                why = "lifecycle patch" if self.lifecycle else f"{_untested_env()}=1"
+                why = "lifecycle patch" if self.lifecycle else f"{UNTESTED_ENV}=1"
                 reason = f"{reason} (untested: {untested}; {why})"
         except Exception as exc:  # a patch must never break vLLM start-up by itself
             self.revert()
@@ -178,10 +177,13 @@ def code_source(modname: str, qualname: str) -> str | None:
         return None
 
 
-def _untested_env() -> str:
-    from .registry import UNTESTED_ENV
+def env_flag(env, name: str) -> bool:
+    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
-    return UNTESTED_ENV
+
+def env_allows_untested(env) -> bool:
+    """INTEL_VLLM_PATCHES_UNTESTED=1: a patch outside its tested vLLM range applies anyway."""
+    return env_flag(env, UNTESTED_ENV)
 
 
 # -- the tested range ------------------------------------------------------------------------------

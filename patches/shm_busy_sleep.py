@@ -22,11 +22,11 @@ engine core waiting for the worker's output) spins on ``sched_yield`` for 1 s. W
 generated a message comes every few milliseconds, so both spin from the first token to the last.
 On a dedicated CPU the spin gives its CPU away at once; under a CPU quota (``docker --cpus``,
 Kubernetes ``limits.cpu``) on more CPUs than the quota, it runs beside the work and bills the
-quota: on 2 CPUs under ``--cpus 1`` the container used about twice the CPU time per token of
-the same server on a one-CPU cpuset (docs/bench.md, section limits). With fewer than two CPUs
-beside vLLM's OpenMP threads (2 cores, no quota) the engine core's spin takes the CPU the API
-server needs: new connections waited 5-23 s and streams got their first byte when the whole
-completion was done (docs/bench.md, section stall).
+quota: under ``--cpus 1`` on 2 CPUs the container spends more CPU time per token than the same
+server on a one-CPU cpuset (docs/bench.md, "limits", "Where a quota goes"). With fewer than two
+CPUs beside vLLM's OpenMP threads (2 cores, no quota) the engine core's spin takes the CPU the
+API server needs: new connections wait for it and streams get their first byte only when the
+whole completion is done (docs/bench.md, "stall").
 
 What it changes, in the busy branch only (the 1 s window and the idle path, vLLM's zmq
 notification, stay vLLM's): the writer, after each write, bumps a 32-bit word shared with the
@@ -37,16 +37,14 @@ until woken, at most ``WAKE_TIMEOUT_S``. The word lives in a 4 KiB file in /dev/
 the queue's notify address (``vllm_intel_wake_*``; the writer removes it when its queue goes, the
 supervisor's janitor if the process dies). Where the futex cannot be had (no /dev/shm file, not
 Linux on x86-64 or aarch64) the reader sleeps ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S`` between checks,
-which is what vllm PR #52848 does. Measured under ``--cpus 1`` on 2 CPUs (docs/bench.md, section
-limits, 1 / 8 streams): the 100 us sleep served 0.81 / 0.79 of a one-CPU cpuset's tokens/s, and
-0.84 / 0.82 even on that same one CPU (each check is a wake-up, ~18 us of CPU); the futex wake-up
-0.86 / 0.95, and 0.99 / 0.97 on the one CPU: what is left is running on two CPUs.
-Tried and rejected: shortening the window (vllm PR #52814's ``VLLM_SHM_BROADCAST_BUSY_LOOP_S``):
-on 0.32.0 a reader parked on the zmq notification missed wake-ups and serving stalled (0-50
-tokens/s instead of 1000-1700); blocking on that zmq notification inside the window (1 or 10 ms
-timeout): 0.22-0.80 of a one-CPU cpuset's tokens/s under ``--cpus 1`` against the sleep's 0.74-0.98
-in the same runs, readers sitting out their timeouts; longer sleeps (0.5, 2 ms) or a first sleep
-scaled to the last wait: slower. Unset or 0: vLLM's ``sched_yield``, nothing patched.
+which is what vllm PR #52848 does. The wake-up serves more than the sleep, whose every check is
+a wake-up costing CPU, both under a quota and on one CPU; what is left against a one-CPU cpuset is
+running on two CPUs (docs/bench.md, "Measured outside `make bench`", "`shm-busy-sleep`").
+Tried and rejected (same section): shortening the window (vllm PR #52814's
+``VLLM_SHM_BROADCAST_BUSY_LOOP_S``): on 0.32.0 a reader parked on the zmq notification missed
+wake-ups and serving stalled; blocking on that zmq notification inside the window (with a
+timeout): readers sat out their timeouts and served less than the sleep; longer sleeps or a first
+sleep scaled to the last wait: slower. Unset or 0: vLLM's ``sched_yield``, nothing patched.
 """
 
 from __future__ import annotations

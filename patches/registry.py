@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 from collections.abc import Mapping
 
-from ._base import Patch, PatchConfigError
+from ._base import UNTESTED_ENV as UNTESTED_ENV  # defined beside the range check it governs
+from ._base import Patch, PatchConfigError, env_allows_untested, env_flag
 
 PATCH_MODULES = [
     "cpu_accelerator_api",  # torch.accelerator on CPU-only hosts (+ torch.compile)
@@ -26,7 +27,6 @@ PATCH_MODULES = [
 ALLOW_ENV = "INTEL_VLLM_PATCHES"
 DENY_ENV = "INTEL_VLLM_PATCHES_DISABLE"
 STRICT_ENV = "INTEL_VLLM_PATCHES_STRICT"
-UNTESTED_ENV = "INTEL_VLLM_PATCHES_UNTESTED"  # =1: apply patches outside their tested range
 
 
 def all_patches() -> list[Patch]:
@@ -56,14 +56,8 @@ def select(env: Mapping[str, str]) -> tuple[list[Patch], list[Patch], PatchConfi
     return enabled, [p for p in patches if p not in enabled], error
 
 
-def _flag(env: Mapping[str, str], name: str) -> bool:
-    return env.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def strict(env: Mapping[str, str]) -> bool:
-    return _flag(env, STRICT_ENV)
+    return env_flag(env, STRICT_ENV)
 
 
-def allow_untested(env: Mapping[str, str]) -> bool:
-    """INTEL_VLLM_PATCHES_UNTESTED=1: a patch outside its tested vLLM range applies anyway."""
-    return _flag(env, UNTESTED_ENV)
+allow_untested = env_allows_untested

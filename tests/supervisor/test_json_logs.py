@@ -1,0 +1,88 @@
+"""INTEL_VLLM_LOG_FORMAT=json: the relay's line handling, vLLM's JSON logging config applied by
+logging.config, and a whole serve/drain/stop run against the fake vLLM in which every line the
+entrypoint writes (stdout and stderr) parses as a JSON object."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import logging.config
+import signal
+
+import pytest
+
+from vllm_intel import jsonlog
+from vllm_intel.supervisor import relay
+
+FIELDS = {"time", "level", "source", "event", "message"}
+
+
+@pytest.mark.parametrize(
+    "raw, want",
+    [
+        (b"plain text\n", {"message": "plain text", "event": "output", "stream": "stderr"}),
+        (b"10%|#   |\r50%|#####  |\r100%|########|\n", {"message": "100%|########|"}),
+        (b'{"already": "json"}\n', {"already": "json"}),
+        (b'{"not json\n', {"message": '{"not json'}),
+        (b"\xff\xfe bytes\n", {"message": "\ufffd\ufffd bytes"}),
+    ],
+)
+def test_each_line_becomes_one_json_object(raw, want):
+    out = json.loads(relay.as_json_line(raw, "stderr"))
+    assert want.items() <= out.items(), out
+    if "already" not in want:
+        assert FIELDS <= out.keys() and out["source"] == "vllm"
+
+
+def test_blank_lines_are_dropped_and_long_lines_cut():
+    assert relay.as_json_line(b"  \n", "stdout") is None
+    buf = bytearray()
+    assert relay.split_lines(buf, b"a\nb") == [b"a\n"] and buf == b"b"
+    assert relay.split_lines(buf, b"c" * relay.MAX_LINE)[0] == b"b" + b"c" * (relay.MAX_LINE - 1)
+
+
+def test_vllms_loggers_and_uvicorns_access_log_write_json():
+    stream = io.StringIO()
+    config = jsonlog.logging_config()
+    config["handlers"]["json"]["stream"] = stream
+    logging.config.dictConfig(config)
+    try:
+        logging.getLogger("vllm.entrypoints.api_server").info("Starting %s", "server")
+        logging.getLogger("uvicorn.access").info('127.0.0.1 - "GET /health HTTP/1.1" 200')
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("vllm.engine").exception("failed")
+    finally:
+        logging.config.dictConfig({"version": 1, "disable_existing_loggers": False})
+    lines = [json.loads(line) for line in stream.getvalue().splitlines()]
+    assert [(r["logger"], r["level"]) for r in lines] == [
+        ("vllm.entrypoints.api_server", "info"),
+        ("uvicorn.access", "info"),
+        ("vllm.engine", "error"),
+    ]
+    assert lines[0]["message"] == "Starting server" and FIELDS <= lines[0].keys()
+    assert "ValueError: boom" in lines[2]["exception"]
+
+
+def test_a_serve_drain_stop_run_is_json_line_by_line(run):
+    r = run({"INTEL_VLLM_LOG_FORMAT": "json", "FAKE_DRAIN": "0.5"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0, out
+    records = [json.loads(line) for line in out.splitlines()]  # every line, or this raises
+    assert all(FIELDS <= rec.keys() for rec in records), records
+    states = [rec["state"] for rec in records if rec["event"] == "state"]
+    assert states == ["STARTING", "SERVING", "DRAINING"], states
+    (exit_line,) = [rec for rec in records if rec["event"] == "exit"]
+    assert exit_line["code"] == 0 and exit_line["source"] == "entrypoint"
+    relayed = [rec["message"] for rec in records if rec["event"] == "output"]
+    assert any("got SIGTERM" in m for m in relayed), relayed  # the fake vLLM's own print
+
+
+def test_a_bad_log_format_is_exit_64_in_one_line(run):
+    r = run({"INTEL_VLLM_LOG_FORMAT": "yaml"})
+    code, out, _ = r.finish()
+    assert code == 64 and out.count("\n") == 1 and "INTEL_VLLM_LOG_FORMAT" in out, out

@@ -1,0 +1,208 @@
+"""The supervisor's own metrics (vllm_intel.supervisor.metrics) on the probe port's /metrics:
+parsed as Prometheus parses them, through a start, a drain and the linger after vLLM's exit
+against the fake `vllm serve`, and cpu.stat read from fake cgroup trees."""
+
+from __future__ import annotations
+
+import signal
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from vllm_intel.supervisor import metrics as m
+
+from .conftest import free_port
+
+
+def scrape(port: int) -> dict[tuple[str, tuple], float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+        text = r.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples, name, **labels) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def test_every_documented_metric_is_exposed_and_every_exposed_one_documented():
+    documented = {name for name, _kind, _doc in m.reference()}
+    text = m.Metrics().render().decode()  # this machine's cgroup: cpu.stat as it has it
+    exposed = {
+        s.name
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if not s.name.endswith("_created")
+    }
+    assert exposed <= documented, exposed - documented
+    # read at scrape time from this machine's cgroup and from a run directory: maybe none here
+    elsewhere = {n for n in documented if n.startswith("vllm_intel_cpu_") and n.endswith("_total")}
+    elsewhere.add("vllm_intel_patch_state")
+    assert documented - exposed <= elsewhere, documented - exposed
+
+
+@pytest.mark.parametrize(
+    "escalated, aborted, was_serving, outcome",
+    [
+        (False, 0, True, "finished"),
+        (False, None, True, "finished"),  # --disable-log-stats: nothing counted, nothing cut seen
+        (False, 2, True, "cut"),
+        (True, 0, True, "forced"),
+        (False, 0, False, "not_started"),
+    ],
+)
+def test_drain_outcome(escalated, aborted, was_serving, outcome):
+    assert m.drain_outcome(escalated=escalated, aborted=aborted, was_serving=was_serving) == outcome
+
+
+def test_cpu_stat_counters_from_cgroup_v2_and_v1(tmp_path):
+    v2 = tmp_path / "v2"
+    (v2 / "pod" / "c").mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpu\n")
+    (v2 / "pod" / "c" / "cpu.stat").write_text(
+        "usage_usec 99\nnr_periods 10\nnr_throttled 4\nthrottled_usec 2500000\n"
+    )
+    samples = {s.name: s.value for f in m.CpuStat(v2, "0::/pod/c\n").collect() for s in f.samples}
+    assert samples == {
+        "vllm_intel_cpu_periods_total": 10,
+        "vllm_intel_cpu_throttled_periods_total": 4,
+        "vllm_intel_cpu_throttled_seconds_total": 2.5,
+    }
+    v1 = tmp_path / "v1" / "cpu,cpuacct"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.stat").write_text("nr_periods 7\nnr_throttled 1\nthrottled_time 3000000000\n")
+    samples = {
+        s.name: s.value
+        for f in m.CpuStat(tmp_path / "v1", "4:cpu,cpuacct:/\n").collect()
+        for s in f.samples
+    }
+    assert samples["vllm_intel_cpu_throttled_seconds_total"] == 3.0
+    assert list(m.CpuStat(tmp_path / "none", "").collect()) == []  # no cgroup: no counters
+
+
+def test_a_drain_is_visible_while_it_runs_and_its_outcome_after_vllms_exit(run):
+    """The fake vLLM counts 3 requests running and exits 1.5 s after SIGTERM; the probe port's
+    /metrics says DRAINING with 3 in flight while it drains, then, during the linger, how the
+    drain ended and how long it took; the entrypoint exits at the end of the linger."""
+    port = free_port()
+    r = run(
+        {
+            "INTEL_VLLM_PROBE_PORT": str(port),
+            "FAKE_RUNNING": "3",
+            "FAKE_DRAIN": "1.5",
+            "INTEL_VLLM_METRICS_LINGER_S": "3",
+        }
+    )
+    r.wait_for(lambda: r.state() == "SERVING")
+    serving = scrape(port)
+    assert value(serving, "vllm_intel_state", vllm_intel_state="SERVING") == 1
+    assert value(serving, "vllm_intel_ready_seconds") > 0
+    assert value(serving, "vllm_intel_drains_total", outcome="finished") == 0
+    r.signal(signal.SIGTERM)
+    time.sleep(1.0)
+    draining = scrape(port)
+    assert value(draining, "vllm_intel_state", vllm_intel_state="DRAINING") == 1
+    assert value(draining, "vllm_intel_drain_in_flight_requests") == 3
+    assert value(draining, "vllm_intel_drain_window_seconds") == 1
+    time.sleep(1.5)  # vLLM exited; the linger keeps the port up
+    after = scrape(port)
+    assert value(after, "vllm_intel_drains_total", outcome="finished") == 1
+    assert 1.0 < value(after, "vllm_intel_drain_seconds") < 3.0
+    t0 = time.monotonic()
+    code, out, _ = r.finish()
+    assert code == 0, out
+    assert time.monotonic() - t0 < 3.5, out
+
+
+def test_a_second_signal_ends_the_linger_at_once(run):
+    port = free_port()
+    r = run(
+        {
+            "INTEL_VLLM_PROBE_PORT": str(port),
+            "INTEL_VLLM_METRICS_LINGER_S": "5",
+            "FAKE_RUNNING": "2",  # requests in flight: the drain is worth a last scrape
+        }
+    )
+    r.wait_for(lambda: r.state() == "SERVING")
+    r.signal(signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait until vLLM has exited and the outcome is counted
+        if value(scrape(port), "vllm_intel_drains_total", outcome="finished") == 1:
+            break
+        time.sleep(0.1)
+    t0 = time.monotonic()
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0 and time.monotonic() - t0 < 1.5, out
+
+
+def test_a_real_prometheus_scrapes_the_drain(run, tmp_path):
+    """Debian's Prometheus, scraping the probe port every second through a drain of the fake
+    vLLM (3 requests running, 3 s to drain, 2 s of linger): its queries see the supervisor
+    DRAINING with 3 in flight during the drain, and the stop counted as finished after it."""
+    from tests.harness import prometheus
+
+    probe_port = free_port()
+    with prometheus.running(tmp_path, {"vllm-intel": [f"127.0.0.1:{probe_port}"]}) as prom:
+        r = run(
+            {
+                "INTEL_VLLM_PROBE_PORT": str(probe_port),
+                "FAKE_RUNNING": "3",
+                "FAKE_DRAIN": "3",
+                "INTEL_VLLM_DRAIN_TIMEOUT": "10",
+                "INTEL_VLLM_METRICS_LINGER_S": "2",
+            }
+        )
+        r.wait_for(lambda: r.state() == "SERVING")
+        assert prom.until('vllm_intel_state{vllm_intel_state="SERVING"}', 1) == 1
+        r.signal(signal.SIGTERM)
+        assert prom.until('vllm_intel_state{vllm_intel_state="DRAINING"}', 1, 3) == 1
+        assert prom.until("vllm_intel_drain_in_flight_requests", 3, 3) == 3
+        assert prom.until('vllm_intel_drains_total{outcome="finished"}', 1, 6) == 1
+        code, out, _ = r.finish()
+        assert code == 0, out
+
+
+def test_patch_states_are_counted_per_process_kind_from_the_run_dir(tmp_path):
+    import json
+    import os
+
+    states = m.PatchStates()
+    assert list(states.collect())[0].samples == []  # no run directory yet
+    states.dir = tmp_path
+    for pid, kind, state in (
+        (1, "API server", "applied"),
+        (2, "Worker", "applied"),
+        (3, "Worker", "failed"),
+    ):
+        (tmp_path / f"patch-states-{pid}.json").write_text(
+            json.dumps({"process": kind, "states": {"drain-deadline": state}})
+        )
+    (tmp_path / "patch-states-4.json").write_text("not json")
+    (tmp_path / "patch-states-5.json").write_text(json.dumps({"process": 1, "states": []}))
+    os.symlink(tmp_path / "patch-states-1.json", tmp_path / "patch-states-6.json")  # not followed
+    samples = {
+        (s.labels["process"], s.labels["state"]): s.value for s in list(states.collect())[0].samples
+    }
+    assert samples == {
+        ("API server", "applied"): 1,
+        ("Worker", "applied"): 1,
+        ("Worker", "failed"): 1,
+    }
+
+
+def test_an_idle_stop_does_not_linger(run):
+    """Nothing was in flight: nothing to report, the entrypoint exits at once."""
+    port = free_port()
+    r = run({"INTEL_VLLM_PROBE_PORT": str(port), "INTEL_VLLM_METRICS_LINGER_S": "5"})
+    r.wait_for(lambda: r.state() == "SERVING")
+    t0 = time.monotonic()
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish()
+    assert code == 0 and time.monotonic() - t0 < 3, out

@@ -1,0 +1,90 @@
+"""plan() as a pure function: typed inputs (Limits, Workload, an env dict) in, a typed Plan out;
+no file read, no process started. The fake-tree tests (test_resources.py) cover reading the
+inputs; these pin the decision itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_intel.supervisor import plan as pl
+from vllm_intel.supervisor.errors import ConfigError
+from vllm_intel.supervisor.limits import GiB, Limits, MiB
+from vllm_intel.supervisor.workload import Workload
+
+ONE = Workload(tp=1, pp=1, shm_needed=400 * MiB, weights=1 * GiB)
+
+
+def node(cpus: int, quota=None, memory=None, smt: int = 1) -> Limits:
+    return Limits("v2", tuple(range(cpus)), quota, memory, cores=cpus // smt)
+
+
+@pytest.mark.parametrize(
+    "limits, env, want",
+    [
+        # a quota below the node's CPUs: floor(quota) threads, nobind, readers wait, no pin
+        (node(64, 4.0, 16 * GiB), {}, dict(omp_threads=4, binding="nobind", readers_wait=True)),
+        (node(64, 0.5), {}, dict(omp_threads=1, binding="nobind", kv_gib=pl.KV_DEFAULT_GIB)),
+        # no quota below the CPUs: vLLM's auto binding; its spin kept only with 2 CPUs to spare
+        (node(16), {}, dict(omp_threads=None, binding=None, readers_wait=True, spare_cpus=1)),
+        (node(16, smt=2), {}, dict(omp_threads=None, spare_cpus=9, readers_wait=False)),
+        (node(2), {}, dict(omp_threads=None, readers_wait=True, spare_cpus=1)),
+        # pin, opt-in: the size of the pin is decided here, which CPUs by placement
+        (node(64, 2.5), {"INTEL_VLLM_CPU_PLAN": "pin"}, dict(omp_threads=2, pin_count=3)),
+        (node(64, 1.0), {"INTEL_VLLM_CPU_PLAN": "pin"}, dict(pin_count=1, readers_wait=False)),
+        # off: nothing of ours
+        (
+            node(64, 4.0, 16 * GiB),
+            {"INTEL_VLLM_CPU_PLAN": "0"},
+            dict(omp_threads=None, kv_gib=None),
+        ),
+        # yours win
+        (node(64, 4.0), {"OMP_NUM_THREADS": "8"}, dict(omp_threads=None, binding=None)),
+        (node(64, None, 16 * GiB), {"VLLM_CPU_KVCACHE_SPACE": "3"}, dict(kv_gib=None)),
+    ],
+)
+def test_plan_decides_from_typed_inputs(limits, env, want):
+    p = pl.plan(limits, ONE, env)
+    assert {k: getattr(p, k) for k in want} == want, p.line()
+    assert p.pin is None  # never chosen by plan(): placement.choose_pin does that
+
+
+def test_kv_cache_is_the_memory_limit_less_what_else_vllm_holds():
+    # 16 GiB - 10 % headroom - weights 1 GiB - runtime 2 GiB - shm 400 MiB = 11.0 -> 11
+    p = pl.plan(node(8, 4.0, 16 * GiB), ONE, {})
+    assert p.kv_gib == 11 and p.env["VLLM_CPU_KVCACHE_SPACE"] == "11"
+    big = Workload(tp=2, pp=1, shm_needed=ONE.shm_needed, weights=8 * GiB)
+    assert pl.plan(node(8, 4.0, 16 * GiB), big, {}).kv_gib == 4  # 14.4 - 10.4
+    assert pl.plan(node(8, 4.0, 16 * GiB), big, {}).omp_threads == 2  # 4 CPUs, 2 workers
+
+
+def test_the_plan_is_a_value_and_its_env_follows_its_fields():
+    p = pl.plan(node(64, 4.0, 16 * GiB), ONE, {})
+    assert p == pl.plan(node(64, 4.0, 16 * GiB), ONE, {})  # same inputs, same plan
+    assert p.env == {
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": "4",
+        pl.SPIN: pl.SPIN_SLEEP_S,
+        "VLLM_CPU_KVCACHE_SPACE": "11",
+    }
+    with pytest.raises(AttributeError):
+        p.kv_gib = 1  # frozen
+
+
+@pytest.mark.parametrize(
+    "limits, work, env, message",
+    [
+        (node(2, 1.0), Workload(3, 1, 0, None), {}, "3 vLLM CPU workers"),
+        (node(8, None, 3 * GiB), ONE, {}, "at least 5 GiB"),
+        (node(8, 1.0), ONE, {"INTEL_VLLM_CPU_PLAN": "pin", "OMP_NUM_THREADS": "1"}, "unset"),
+        (node(8), ONE, {"INTEL_VLLM_CPU_PLAN": "yes"}, "must be one of 0, 1, pin"),
+    ],
+)
+def test_what_cannot_fit_is_a_one_line_error(limits, work, env, message):
+    with pytest.raises(ConfigError, match=message) as e:
+        pl.plan(limits, work, env)
+    assert "\n" not in str(e.value)
+
+
+def test_another_device_has_no_cpu_plan():
+    p = pl.plan(node(8, 1.0, 8 * GiB), ONE, {}, device="xpu")
+    assert p.env == {} and p.line().startswith("plan: xpu: no CPU plan")

@@ -1,0 +1,232 @@
+"""The supervisor's own metrics (prometheus_client), served at GET /metrics on the probe port:
+what operators need to see of a start and a stop, readable while vLLM drains or after it is gone
+(vLLM's own /metrics on its port has the requests, tokens and KV cache).
+
+Written by the loop's thread only; a scrape (the probe port's thread) reads them through
+prometheus_client's locks. Names follow Prometheus conventions: `vllm_intel_` prefix, base units
+(`_seconds`, `_bytes`), `_total` for counters. CPU throttling is read from the container's
+cgroup at each scrape (cpu.stat), nothing polled in between.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import stat
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Enum,
+    Gauge,
+    Info,
+    ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from . import limits
+from .state import State
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+disable_created_metrics()  # this process is the supervisor's alone: no `_created` twin per counter
+OUTCOMES = ("finished", "cut", "forced", "not_started")  # how a stop ended (drain_outcome())
+
+
+def drain_outcome(*, escalated: bool, aborted: int | None, was_serving: bool) -> str:
+    """finished: every request in flight ended on its own; cut: the drain deadline aborted some;
+    forced: the supervisor killed the process group; not_started: stopped before vLLM served."""
+    if escalated:
+        return "forced"
+    if not was_serving:
+        return "not_started"
+    return "cut" if aborted else "finished"
+
+
+class CpuStat:
+    """Counters of the container's cgroup cpu.stat (v2: usec; v1: ns), at scrape time."""
+
+    FIELDS = {
+        "nr_periods": ("cpu_periods", "CFS periods with runnable work (cgroup cpu.stat)", 1),
+        "nr_throttled": ("cpu_throttled_periods", "CFS periods the quota throttled", 1),
+        "throttled_usec": ("cpu_throttled_seconds", "Time the quota throttled (v2)", 1e-6),
+        "throttled_time": ("cpu_throttled_seconds", "Time the quota throttled (v1)", 1e-9),
+    }
+
+    def __init__(self, cgroup_root: pathlib.Path, self_cgroup: str | None = None):
+        self.path = cpu_stat_path(cgroup_root, self_cgroup)
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        text = limits.read_text(self.path) if self.path else None
+        for line in (text or "").splitlines():
+            key, _, value = line.partition(" ")
+            if key in self.FIELDS and value.strip().isdigit():
+                name, doc, scale = self.FIELDS[key]
+                yield CounterMetricFamily(f"vllm_intel_{name}", doc, value=int(value) * scale)
+
+
+class PatchStates:
+    """`vllm_intel_patch_state{process, patch, state}`: how many of vLLM's processes of that kind
+    report that state, from the files the plugin writes into the run directory as each process
+    starts (INTEL_VLLM_PATCH_STATES_DIR), read at scrape time."""
+
+    MAX_FILES = 64  # a server has a handful of processes; more is not ours to read
+    MAX_BYTES = 8192
+
+    def __init__(self) -> None:
+        self.dir: pathlib.Path | None = None  # the run directory, once there is one
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "vllm_intel_patch_state",
+            "vLLM processes of a kind reporting a patch in a state",
+            labels=["process", "patch", "state"],
+        )
+        counts: dict[tuple[str, str, str], int] = {}
+        for found in self.reports():
+            for patch, state in found["states"].items():
+                key = (found["process"], patch, state)
+                counts[key] = counts.get(key, 0) + 1
+        for labels, n in sorted(counts.items()):
+            family.add_metric(list(labels), n)
+        yield family
+
+    def reports(self) -> list[dict]:
+        if self.dir is None:
+            return []
+        try:
+            names = sorted(self.dir.glob("patch-states-*.json"))[: self.MAX_FILES]
+        except OSError:
+            return []
+        out = []
+        for path in names:
+            try:  # a regular file of ours only (the run directory is 0700, still: no FIFO, link)
+                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+                with os.fdopen(fd, "rb") as f:
+                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                        continue
+                    data = json.loads(f.read(self.MAX_BYTES))
+            except (OSError, ValueError):
+                continue
+            if (
+                isinstance(data, dict)
+                and isinstance(data.get("process"), str)
+                and isinstance(data.get("states"), dict)
+                and all(isinstance(v, str) for v in data["states"].values())
+            ):
+                out.append(data)
+        return out
+
+
+def cpu_stat_path(cgroup_root: pathlib.Path, self_cgroup: str | None = None) -> pathlib.Path | None:
+    """This process's cpu.stat: the first on the way up that exists (the container's cgroup)."""
+    if self_cgroup is None:
+        self_cgroup = limits.read_text(pathlib.Path("/proc/self/cgroup")) or ""
+    own = limits.own_paths(self_cgroup)
+    if (cgroup_root / "cgroup.controllers").exists():
+        dirs = limits.walk(cgroup_root, own.get("", ""))
+    else:
+        base = next(
+            (cgroup_root / c for c in ("cpu,cpuacct", "cpu") if (cgroup_root / c).is_dir()), None
+        )
+        dirs = limits.walk(base, own.get("cpu", "")) if base else []
+    return next((d / "cpu.stat" for d in dirs if (d / "cpu.stat").is_file()), None)
+
+
+# attribute -> (name, help) of each gauge: one value, set by the loop as it learns it
+GAUGES = {
+    "ready_s": ("vllm_intel_ready_seconds", "Seconds from spawning vLLM to its /health answering"),
+    "window_s": ("vllm_intel_drain_window_seconds", "The drain window (vLLM's --shutdown-timeout)"),
+    "in_flight": (
+        "vllm_intel_drain_in_flight_requests",
+        "Requests running or waiting when the drain began (vLLM's /metrics)",
+    ),
+    "finished": ("vllm_intel_drain_finished_requests", "Requests finished since the drain began"),
+    "aborted": ("vllm_intel_drain_aborted_requests", "Requests aborted since the drain began"),
+    "forecast_s": (
+        "vllm_intel_drain_forecast_seconds",
+        "Time the slowest request in flight needs at the drain's own speed (the forecast)",
+    ),
+    "forecast_cut": (
+        "vllm_intel_drain_forecast_cut_requests",
+        "Requests the forecast says the drain window will cut",
+    ),
+    "drain_s": ("vllm_intel_drain_seconds", "Seconds from the stop request to vLLM's exit"),
+    "omp_threads": (
+        "vllm_intel_plan_omp_threads",
+        "OpenMP threads per worker the plan set (0: vLLM's)",
+    ),
+    "kv_bytes": ("vllm_intel_plan_kv_cache_bytes", "KV cache the plan set (0: vLLM's or yours)"),
+    "pinned": ("vllm_intel_plan_pinned_cpus", "CPUs vLLM is pinned to (0: not pinned)"),
+    "quota": ("vllm_intel_cpu_quota_cpus", "The container's CPU quota (0: none)"),
+}
+
+
+class Metrics:
+    def __init__(self, cgroup_root: pathlib.Path = limits.CGROUP_ROOT):
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.info = Info("vllm_intel", "This supervisor and what it runs", registry=r)
+        self.state = Enum(
+            "vllm_intel_state",
+            "The supervisor's state",
+            states=[s.value for s in State],
+            registry=r,
+        )
+        for attr, (name, doc) in GAUGES.items():
+            setattr(self, attr, Gauge(name, doc, registry=r))
+        self.drains = Counter(
+            "vllm_intel_drains", "Stops, by how they ended", ["outcome"], registry=r
+        )
+        for outcome in OUTCOMES:
+            self.drains.labels(outcome)
+        self.swept = Counter(
+            "vllm_intel_leftovers_swept", "Dead runs' entries removed at start", registry=r
+        )
+        r.register(CpuStat(cgroup_root))
+        self.patch_states = PatchStates()
+        r.register(self.patch_states)
+        ProcessCollector(registry=r)  # process_start_time_seconds: restarts, seen from outside
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def plan(self, p) -> None:
+        self.omp_threads.set(p.omp_threads or 0)
+        self.kv_bytes.set((p.kv_gib or 0) * limits.GiB)
+        self.pinned.set(len(p.pin or ()))
+        self.quota.set(p.limits.quota or 0)
+
+    def drain_progress(self, at_drain: dict | None, last: dict | None, forecast) -> None:
+        """From the observer's first and last /metrics samples since the drain began, and the
+        forecast vLLM's API server wrote (drain_forecast.Forecast), as soon as they exist."""
+        if at_drain is not None and last is not None:
+            self.in_flight.set(at_drain["running"] + at_drain["waiting"])
+            self.finished.set(last["finished"] - at_drain["finished"])
+            self.aborted.set(last["aborted"] - at_drain["aborted"])
+        if forecast is not None:
+            self.forecast_s.set(forecast.need_s if forecast.need_s is not None else float("nan"))
+            self.forecast_cut.set(forecast.cut)
+
+
+def reference() -> list[tuple[str, str, str]]:
+    """(name as scraped, type, help) of every metric, for the docs: the registry's own families
+    (on no cgroup, so that no machine's cpu.stat decides the list) and cpu.stat's counters."""
+    rows = []
+    for family in Metrics(pathlib.Path("/nonexistent")).registry.collect():
+        suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
+        rows.append((family.name + suffix, family.type, family.documentation))
+    rows.append(
+        ("vllm_intel_patch_state", "gauge", "vLLM processes of a kind reporting a patch in a state")
+    )
+    for name, doc, _ in CpuStat.FIELDS.values():
+        if not any(r[0] == f"vllm_intel_{name}_total" for r in rows):
+            rows.append((f"vllm_intel_{name}_total", "counter", doc.removesuffix(" (v2)")))
+    return rows

@@ -1,0 +1,265 @@
+"""The CPU plan: how vLLM's CPU backend fits the container, a pure function of typed inputs.
+
+`plan(limits, work, env)` decides, once and before vLLM starts, the OpenMP threads and their
+binding, whether the shared-memory queue readers wait instead of spinning, the KV cache size,
+and (opt-in) how many CPUs to pin vLLM to. It reads no file and starts nothing; the entrypoint
+prints it (`entrypoint.py plan`) and applies it as environment (and affinity, with `pin`) when it
+spawns vLLM. Which CPUs a pin takes is placement's to choose (placement.choose_pin).
+
+Why a plan at all: vLLM's CPU worker sizes its OpenMP threads from the affinity mask
+(vllm/utils/ompmultiprocessing.py, `VLLM_CPU_OMP_THREADS_BIND=auto`: one logical CPU per physical
+core of the allowed set, minus one reserved CPU per worker for the engine core), never from the CFS
+quota (`docker --cpus`, Kubernetes limits.cpu). Under a quota smaller than the affinity set, it
+runs more threads than the quota can keep running, and they get throttled in turn; floor(quota)
+threads fit. They are not pinned: that affinity set is shared with other containers, and pinning
+them all the same way (as `auto` does) piles them onto the same cores. Its shared-memory queue
+readers spin on sched_yield between messages, which on CPUs beyond the quota burns the quota
+itself, and without a spare CPU starves the API server: under a quota, or with fewer than two
+CPUs beside the OpenMP threads (on more than one CPU), they block until the writer wakes them
+instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the shm-busy-sleep patch). And its KV cache is either a
+fixed `VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
+
+`pin` is opt-in: a container cannot know who else is confined to the same CPUs, and nothing in
+PID 1 changes vLLM's placement while it runs unless asked (docs/bench.md, "limits", has the
+measurements behind the default).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from .errors import ConfigError, shown
+from .limits import GiB, Limits, MiB, format_cpu_list
+from .workload import Workload
+
+PLAN_MODES = ("0", "1", "pin")
+# Memory the vLLM processes take besides weights, KV cache and /dev/shm: three Python processes
+# with torch (API server, engine core, worker), inductor's compiled kernels, activations.
+# An estimate, not yet measured: the CPU image serves the built-in model under --memory 4g
+# (tests/container/test_limits.py) with it, which is all that is checked.
+RUNTIME_BYTES = 2 * GiB
+KV_DEFAULT_GIB = 1  # no memory limit: what the images always used (fits the built-in model)
+MEMORY_HEADROOM = 0.10  # of memory.max, kept free for activation peaks and fragmentation
+PLANNED = (
+    "VLLM_CPU_OMP_THREADS_BIND",
+    "OMP_NUM_THREADS",
+    "VLLM_CPU_KVCACHE_SPACE",
+    "VLLM_SHM_BROADCAST_BUSY_SLEEP_S",
+)
+# vLLM's shared-memory queue readers spin on sched_yield between messages (the shm-busy-sleep
+# patch reads this variable). Under a quota the spin runs on another CPU beside the work and
+# bills the quota. Without a CPU of its own it takes the CPU the API server needs: vLLM's
+# `auto` binding gives the OpenMP threads one CPU per physical core but one per worker, and the
+# engine core (whose reader spins while the worker computes) and the API server share what is
+# left; with one CPU left, new connections wait and streams get their first bytes at the end
+# (docs/bench.md, "stall"). The patch makes the readers block on the writer's wake-up instead.
+# Not on a single CPU: there sched_yield hands the one CPU straight to the process with work, and
+# a sleep only delays the reader (docs/bench.md, "limits", "Where a quota goes").
+SPIN = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
+SPIN_SLEEP_S = "0.0001"
+SPARE_CPUS = 2  # the API server's and the engine core's, beside the OpenMP threads
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the entrypoint sets for vLLM. None / False: left to vLLM (or to you, `yours`)."""
+
+    limits: Limits
+    work: Workload
+    device: str = "cpu"
+    mode: str = "1"  # INTEL_VLLM_CPU_PLAN
+    yours: dict[str, str] = field(default_factory=dict)  # your values, kept as they are
+    omp_threads: int | None = None  # OMP_NUM_THREADS per worker
+    binding: str | None = None  # VLLM_CPU_OMP_THREADS_BIND
+    spare_cpus: int | None = None  # beside vLLM's auto OpenMP threads (None: not vLLM's auto)
+    readers_wait: bool = False  # the shm queue readers block instead of spinning
+    kv_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE
+    pin_count: int = 0  # CPUs every vLLM process is confined to (0: no pin)
+    pin: tuple[int, ...] | None = None  # which ones (placement.choose_pin)
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "0"
+
+    @property
+    def shm_needed(self) -> int:
+        return self.work.shm_needed
+
+    @property
+    def env(self) -> dict[str, str]:
+        """Set in vLLM's environment by the entrypoint."""
+        env = {}
+        if self.binding is not None:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = self.binding
+        if self.omp_threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.omp_threads)
+        if self.readers_wait:
+            env[SPIN] = SPIN_SLEEP_S
+        if self.kv_gib is not None:
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_gib)
+        return env
+
+    def threads_text(self) -> str:
+        lim, workers = self.limits, self.work.workers
+        if "VLLM_CPU_OMP_THREADS_BIND" in self.yours or "OMP_NUM_THREADS" in self.yours:
+            return "yours"
+        if self.spare_cpus is not None:
+            return (
+                f"vLLM auto over the {len(lim.cpus)} allowed CPUs (no quota below them), "
+                f"{self.spare_cpus} beside its OpenMP threads"
+                + ("; nothing to pin" if self.mode == "pin" else "")
+            )
+        if self.omp_threads is None:
+            return "vLLM's"
+        where = "not pinned"
+        if self.pin_count:
+            cpus = format_cpu_list(self.pin) if self.pin else f"{self.pin_count} CPU(s)"
+            where = (
+                f"all vLLM processes pinned to CPU {cpus} (idlest at start, "
+                "moved when others load them)"
+            )
+        return (
+            f"{self.omp_threads} OpenMP thread(s) per worker x {workers} worker(s), {where} "
+            f"(quota {lim.quota:g} CPUs of {len(lim.cpus)} allowed)"
+        )
+
+    def kv_text(self) -> str:
+        if "VLLM_CPU_KVCACHE_SPACE" in self.yours:
+            return f"{self.yours['VLLM_CPU_KVCACHE_SPACE']} GiB (yours)"
+        if self.kv_gib is None:
+            return "vLLM's"
+        mem = self.limits.memory
+        if mem is None:
+            return f"{self.kv_gib} GiB (no memory limit)"
+        return (
+            f"{self.kv_gib} GiB of memory.max {mem / GiB:.1f} GiB (after {fixed_text(self.work)}, "
+            f"{MEMORY_HEADROOM:.0%} headroom)"
+        )
+
+    def line(self) -> str:
+        if not self.enabled:
+            return (
+                f"plan: off (INTEL_VLLM_CPU_PLAN=0), vLLM's own defaults; {self.limits.describe()}"
+            )
+        if self.device != "cpu":
+            return f"plan: {self.device}: no CPU plan; {self.limits.describe()}"
+        parts = [f"{k}={v}" for k, v in self.env.items()]
+        parts += [f"{k}={v} (yours)" for k, v in self.yours.items()]
+        return (
+            f"plan: {self.limits.describe()} -> threads: {self.threads_text()}; "
+            f"KV cache: {self.kv_text()}; /dev/shm need {self.shm_needed / MiB:.0f} MiB; "
+            f"env: {' '.join(parts) or 'nothing'}"
+        )
+
+
+def fixed_bytes(work: Workload) -> int:
+    """Memory vLLM takes besides the KV cache."""
+    return (work.weights or 0) + RUNTIME_BYTES + work.shm_needed
+
+
+def fixed_text(work: Workload) -> str:
+    counted = "" if work.weights is not None else " (not a local dir: not counted)"
+    return (
+        f"weights {(work.weights or 0) / GiB:.1f} GiB{counted}"
+        f" + runtime {RUNTIME_BYTES / GiB:.0f} GiB + /dev/shm {work.shm_needed / MiB:.0f} MiB"
+    )
+
+
+def plan(limits: Limits, work: Workload, env: dict[str, str], device: str = "cpu") -> Plan:
+    """The plan for `work` in `limits`. Raises ConfigError when the container cannot hold what
+    vLLM needs (memory, CPUs for its workers) or a value is not one the plan can take."""
+    mode = env.get("INTEL_VLLM_CPU_PLAN") or "1"
+    if mode not in PLAN_MODES:
+        raise ConfigError(
+            f"INTEL_VLLM_CPU_PLAN must be one of {', '.join(PLAN_MODES)}, not {mode!r}"
+        )
+    if device != "cpu":
+        return Plan(limits, work, device, mode)
+    yours = {k: env[k] for k in PLANNED if env.get(k)}
+    if SPIN in yours:
+        from vllm_intel.patches.shm_busy_sleep import busy_sleep_s
+
+        try:
+            busy_sleep_s(env)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+    p = Plan(limits, work, device, mode, yours, **_threads(limits, work, mode, yours))
+    p = replace(p, readers_wait=_readers_wait(p))
+    return replace(p, kv_gib=_kv_gib(limits, work, mode, yours))
+
+
+def _threads(limits: Limits, work: Workload, mode: str, yours: dict) -> dict:
+    """The OpenMP threads, their binding and the pin's size, as Plan fields."""
+    quota, allowed, workers = limits.quota, limits.cpus, work.workers
+    if "VLLM_CPU_OMP_THREADS_BIND" in yours or "OMP_NUM_THREADS" in yours:
+        if mode == "pin":
+            mine = " and ".join(
+                k for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS") if k in yours
+            )
+            raise ConfigError(
+                "INTEL_VLLM_CPU_PLAN=pin chooses the CPUs and the OpenMP threads: unset "
+                f"{mine} or set INTEL_VLLM_CPU_PLAN=1"
+            )
+        return {}
+    if quota is None or quota >= len(allowed):
+        return {"spare_cpus": len(allowed) - max(limits.cores - workers, workers)}
+    if mode == "0":
+        return {}
+    # floor: threads that need more CPU than the quota grants get throttled in turn; at least one
+    # per worker, which is what vLLM needs to start at all. Not vLLM's binding: a quota below the
+    # allowed CPUs means CPUs shared with other containers, and every container binding its
+    # threads the same way (vLLM's `auto` does: the first cores of the node) would pile them all
+    # onto the same CPUs while the others idle.
+    count = max(workers, math.floor(quota))
+    if count > len(allowed):
+        raise ConfigError(
+            f"{workers} vLLM CPU workers (TP x PP) need {workers} CPUs, the container "
+            f"allows {len(allowed)}: give it more CPUs or lower --tensor-parallel-size"
+        )
+    # every process, not only the OpenMP threads: the round trip is what crosses CPUs
+    pin_count = max(count, math.ceil(quota)) if mode == "pin" else 0
+    return {"omp_threads": count // workers, "binding": "nobind", "pin_count": pin_count}
+
+
+def _readers_wait(p: Plan) -> bool:
+    """Whether the shm queue readers should block on the writer's wake-up instead of spinning.
+    Pinned to one CPU under a quota of at least one CPU, the processes cannot use more than the
+    quota and the spin's sched_yield() hands that CPU straight to the work, as on a one-CPU
+    cpuset: the spin stays (docs/bench.md, "limits")."""
+    quota, allowed = p.limits.quota, p.limits.cpus
+    under_quota = quota is not None and quota < len(allowed)
+    one_cpu = p.pin_count == 1 and quota is not None and quota >= 1
+    no_spare = p.spare_cpus is not None and p.spare_cpus < SPARE_CPUS and len(allowed) > 1
+    return p.enabled and SPIN not in p.yours and not one_cpu and (under_quota or no_spare)
+
+
+def _kv_gib(limits: Limits, work: Workload, mode: str, yours: dict) -> int | None:
+    """VLLM_CPU_KVCACHE_SPACE to set (GiB, an integer: vLLM reads int() of it), or None; checks
+    your own value against the memory limit."""
+    fixed, mem = fixed_bytes(work), limits.memory
+    if "VLLM_CPU_KVCACHE_SPACE" in yours:
+        value = yours["VLLM_CPU_KVCACHE_SPACE"]
+        if not value.strip().isdigit():
+            raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE must be whole GiB, not {shown(value)}")
+        if mem is not None and int(value) * GiB + fixed > mem:
+            raise ConfigError(
+                f"VLLM_CPU_KVCACHE_SPACE={value} GiB + {fixed_text(work)} do not fit memory.max "
+                f"{mem / GiB:.1f} GiB: lower VLLM_CPU_KVCACHE_SPACE or raise the memory limit "
+                f"(docker run --memory, compose mem_limit, k8s limits.memory) to at least "
+                f"{math.ceil((int(value) * GiB + fixed) / GiB)} GiB"
+            )
+        return None
+    if mode == "0":
+        return None
+    if mem is None:
+        return KV_DEFAULT_GIB
+    kv = math.floor((mem * (1 - MEMORY_HEADROOM) - fixed) / GiB)
+    if kv < 1:
+        least = math.ceil((fixed + GiB) / (1 - MEMORY_HEADROOM) / GiB)
+        raise ConfigError(
+            f"memory.max {mem / GiB:.1f} GiB cannot hold a 1 GiB KV cache + {fixed_text(work)} "
+            f"+ {MEMORY_HEADROOM:.0%} headroom: raise the memory limit (docker run "
+            f"--memory, compose mem_limit, k8s limits.memory) to at least {least} GiB"
+        )
+    return kv
