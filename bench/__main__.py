@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,stall,image,metrics,rolling,real]
+"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,stall,image,metrics,rolling,memory,real]
 
 Measures each figure for our variant and its alternative in one run on this machine, alternating
 A/B/A/B so drift hits both alike, prints a Markdown table (min / median / max of the repeats) and
@@ -29,6 +29,7 @@ SECTIONS = (
     "patches",
     "drain",
     "rolling",
+    "memory",
     "real",
 )  # cheapest first: a partial run keeps the most
 

@@ -10,12 +10,13 @@ prints one line per patch: name, state, reason. See docs/patches.md.
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing
 import os
 import sys
 import time
+
+from vllm_intel import startup_phases
 
 from . import registry
 from ._base import (
@@ -100,7 +101,7 @@ def _failure(patches: list[Patch]) -> PatchFailedError | None:
     )
 
 
-STATES_DIR_ENV = "INTEL_VLLM_PATCH_STATES_DIR"  # the supervisor's run directory
+STATES_DIR_ENV = startup_phases.DIR_ENV  # the supervisor's run directory
 
 
 def _write_states(patches: list[Patch]) -> None:
@@ -109,13 +110,7 @@ def _write_states(patches: list[Patch]) -> None:
     if not where:
         return
     data = {"process": process_kind(), "states": {p.name: p.state for p in patches}}
-    path = os.path.join(where, f"patch-states-{os.getpid()}.json")
-    try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass
+    startup_phases.write_report(os.path.join(where, f"patch-states-{os.getpid()}.json"), data)
 
 
 def register() -> None:
@@ -124,6 +119,10 @@ def register() -> None:
     if _registered_pid == os.getpid():
         return
     _registered_pid = os.getpid()  # per pid: a forked child inherits this module's state
+    try:
+        startup_phases.install(process_kind)
+    except Exception as exc:  # only an observer: the patches go on without it
+        _emit(logging.WARNING, "vllm-intel: start-up phases not recorded: %s", exc)
     strict = registry.strict(os.environ)
     try:
         patches, error = apply_all()

@@ -79,8 +79,18 @@ def test_up_becomes_healthy(stack):
     assert r.returncode == 0, f"up --wait failed:\n{r.stderr[-3000:]}\n{stack.logs()}"
     assert stack.inspect()["State"]["Health"]["Status"] == "healthy"
     print(f"vLLM {stack.version}: healthy {time.monotonic() - t0:.0f} s after `up`")
-    # A new project's cache volume: nothing compiled yet, and the supervisor says so.
+    # A new project's cache volume: nothing compiled yet, and the supervisor says so; torch's own
+    # counters (read by the plugin as vLLM's warm-up ends) agree: every graph was compiled.
     assert "empty, this start compiles" in stack("logs", "--no-color").stdout
+    assert "compile cache miss" in last_ready_line(stack), last_ready_line(stack)
+
+
+def last_ready_line(stack) -> str:
+    """The supervisor's ready line of the container's latest start (the logs hold every start)."""
+    lines = re.findall(
+        r"^.*state SERVING: ready after .*$", stack("logs", "--no-color").stdout, re.M
+    )
+    return lines[-1] if lines else ""
 
 
 def test_runs_as_non_root(stack):
@@ -237,6 +247,8 @@ def test_hf_cache_volume_serves_a_repo_id(stack, tmp_path):
     assert re.search(
         r"compile caches: .* [1-9]\d*\+? file\(s\).*: warm", stack("logs", "--no-color").stdout
     )
+    # ... and used: the same weights under another name are the same graphs to torch's cache.
+    assert "compile cache hit" in last_ready_line(stack), last_ready_line(stack)
     r = requests.post(
         f"{stack.url}/v1/completions",
         timeout=60,
@@ -257,6 +269,9 @@ def test_idle_docker_stop_is_fast(stack):
         )
     r = stack("up", "-d", "--wait", timeout=900, check=False)  # starts the stopped container
     assert r.returncode == 0, r.stderr + stack.logs()
+    # The same release, model and settings as the start before: every graph comes from the
+    # cache volume.
+    assert "compile cache hit" in last_ready_line(stack), last_ready_line(stack)
     cid = stack.container()
     t0 = time.monotonic()
     docker("stop", "-t", str(GRACE), cid, timeout=GRACE + 30)

@@ -60,15 +60,17 @@ def render(overlay: str) -> list[dict]:
     return [d for d in yaml.safe_load_all(render_text(overlay)) if d]
 
 
-def render_with_component(tmp: pathlib.Path, component: str, overlay: str = "cpu") -> str:
-    """kustomize of `overlay` with components/`component` on top (an overlay made in `tmp`, as a
-    user writes one); the rendered YAML, also left in tmp/all.yaml for kubernetes-validate."""
+def render_with_component(tmp: pathlib.Path, *components: str, overlay: str = "cpu") -> str:
+    """kustomize of `overlay` with components/<each of components> on top (an overlay made in
+    `tmp`, as a user writes one); the rendered YAML, also left in tmp/all.yaml for
+    kubernetes-validate."""
     made = tmp / "overlay"
     made.mkdir()
+    listed = ", ".join(os.path.relpath(K8S / "components" / c, made) for c in components)
     (made / "kustomization.yaml").write_text(
         "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
         f"resources: [{os.path.relpath(K8S / overlay, made)}]\n"
-        f"components: [{os.path.relpath(K8S / 'components' / component, made)}]\n"
+        f"components: [{listed}]\n"
     )
     out = subprocess.run(
         [kubectl(), "kustomize", str(made)], capture_output=True, text=True, timeout=60
@@ -76,6 +78,17 @@ def render_with_component(tmp: pathlib.Path, component: str, overlay: str = "cpu
     assert out.returncode == 0, out.stderr
     (tmp / "all.yaml").write_text(out.stdout)
     return out.stdout
+
+
+def validate_strict(path: pathlib.Path, documents: int) -> None:
+    """kubernetes-validate --strict (offline, bundled schemas) passes every one of `documents`."""
+    check = subprocess.run(
+        [sys.executable, "-m", "kubernetes_validate", "--strict", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0 and check.stdout.count("passed") == documents, check.stdout
 
 
 def one(docs: list[dict], kind: str) -> dict:

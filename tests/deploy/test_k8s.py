@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 
-from vllm_intel.supervisor import timing
+from vllm_intel.supervisor import paths, timing
 
 from .manifests import (
     K8S,
@@ -30,7 +30,9 @@ from .manifests import (
     render,
     render_text,
     render_with_component,
+    validate_strict,
     vllm_services,
+    xpu_cache_dirs,
 )
 
 # The Kubernetes releases whose bundled schemas (kubernetes-validate, offline) must accept the
@@ -255,13 +257,7 @@ def test_network_policy_example_renders_validates_and_selects_the_pods(tmp_path)
     """The example component on the cpu overlay: strict-valid, it selects the Deployment's pods,
     and the ports it lets in are the server's and the probe port the probes use."""
     out_text = render_with_component(tmp_path, "network-policy")
-    check = subprocess.run(
-        [sys.executable, "-m", "kubernetes_validate", "--strict", str(tmp_path / "all.yaml")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert check.returncode == 0 and check.stdout.count("passed") == 4, check.stdout
+    validate_strict(tmp_path / "all.yaml", 4)
     docs = [d for d in yaml.safe_load_all(out_text) if d]
     policy, deploy = one(docs, "NetworkPolicy"), one(docs, "Deployment")
     labels = deploy["spec"]["template"]["metadata"]["labels"]
@@ -272,3 +268,47 @@ def test_network_policy_example_renders_validates_and_selects_the_pods(tmp_path)
     served = {p["containerPort"] for p in c["ports"]}
     named = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert allowed == served | {named.get(p, p) for p in probe_ports}, (allowed, served)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_compile_cache_component_keeps_every_compile_cache_on_its_claim(overlay, tmp_path):
+    """components/compile-cache: strict-valid on both overlays; the pod's cache volume is the
+    claim and no longer an emptyDir; every cache the image compiles into lies under its mount."""
+    out_text = render_with_component(tmp_path, "compile-cache", overlay=overlay)
+    validate_strict(tmp_path / "all.yaml", 4)
+    docs = [d for d in yaml.safe_load_all(out_text) if d]
+    claim, spec = one(docs, "PersistentVolumeClaim"), one(docs, "Deployment")["spec"]
+    volumes = {v["name"]: v for v in spec["template"]["spec"]["volumes"]}
+    (c,) = spec["template"]["spec"]["containers"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "cache"]
+    cache = volumes["cache"]
+    assert cache == {
+        "name": "cache",
+        "persistentVolumeClaim": {"claimName": claim["metadata"]["name"]},
+    }, cache
+    compiled = [
+        str(paths.inductor_cache({"XDG_CACHE_HOME": "/home/vllm/.cache"})),
+        *(xpu_cache_dirs().values() if overlay == "xpu" else ()),
+    ]
+    assert all(d.startswith(mount["mountPath"] + "/") for d in compiled), (mount, compiled)
+    # A ReadWriteOnce claim with a surge rollout stalls (the surge pod waits for the volume on
+    # another node, the old pod for the surge pod): the claim's mode and the strategy go together.
+    surge = spec["strategy"]["rollingUpdate"]["maxSurge"]
+    assert "ReadWriteMany" in claim["spec"]["accessModes"] or surge == 0, (claim, surge)
+
+
+def test_compile_cache_and_hf_model_components_together(tmp_path):
+    """Both components: the HF cache keeps its own claim, mounted inside the compile cache's."""
+    out_text = render_with_component(tmp_path, "compile-cache", "hf-model")
+    docs = [d for d in yaml.safe_load_all(out_text) if d]
+    claims = sorted(d["metadata"]["name"] for d in docs if d["kind"] == "PersistentVolumeClaim")
+    assert claims == ["compile-cache", "hf-cache"]
+    spec = one(docs, "Deployment")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in spec["containers"][0]["volumeMounts"]}
+    assert (
+        volumes[mounts["/home/vllm/.cache"]]["persistentVolumeClaim"]["claimName"]
+        == "compile-cache"
+    )
+    hf = mounts["/home/vllm/.cache/huggingface"]
+    assert volumes[hf]["persistentVolumeClaim"]["claimName"] == "hf-cache"

@@ -49,6 +49,15 @@ def test_sigterm_mid_stream_drains_every_request(serve, mode, tmp_path):
     )
     with prom as scraper:
         drain_and_check(s, mode, scraper)
+    # The ready line splits the start into vLLM's own phases (read by the plugin in its
+    # processes): a torch.compile only where vLLM compiled.
+    ready = re.search(r"ready after [\d.]+ s \(vLLM: ([^)]*)\)", s.text())
+    assert ready, s.tail()
+    timed, _, verdict = ready.group(1).partition("; ")
+    words = {part.rsplit(" ", 2)[0] for part in timed.split(", ")}
+    assert words == {"load", "engine init"} | ({"compile"} if mode == "compiled" else set()), ready
+    # vLLM's own count of the graphs it compiled or loaded from its cache: none when eager.
+    assert verdict.startswith("compile cache ") if mode == "compiled" else not verdict, ready
 
 
 def dashboard_answers(scraper) -> None:

@@ -17,6 +17,8 @@ import pytest
 import requests
 
 from tests.harness import ROOT
+from vllm_intel import startup_phases
+from vllm_intel.supervisor.reports import RunReports
 
 READY_TIMEOUT = 240  # generous: a cold torch.compile on a loaded 2-core CI machine
 
@@ -122,7 +124,14 @@ def states(line: str) -> dict[str, str]:
 def test_vllm_serve_loads_plugin_in_every_process(
     vllm_venv, tiny_model, tmp_path, version, expected
 ):
-    res = serve_and_complete(vllm_venv(version), tiny_model, tmp_path / "serve.log")
+    reports = tmp_path / "run"
+    reports.mkdir()
+    res = serve_and_complete(
+        vllm_venv(version),
+        tiny_model,
+        tmp_path / "serve.log",
+        extra_env={startup_phases.DIR_ENV: str(reports)},
+    )
     tail = res["log"][-4000:]
     assert res["ready_s"] is not None, f"not ready in {READY_TIMEOUT}s:\n{tail}"
     assert res["status"] == 200, tail
@@ -144,3 +153,16 @@ def test_vllm_serve_loads_plugin_in_every_process(
     # failed patch count)
     for ours in ("vllm_intel/patches/", f"{ROOT / 'patches'}/", "vllm-intel patch "):
         assert ours not in res["log"], tail
+    # Every process reported its patch states, and vLLM's start-up lines were read as phases
+    # (a release that rewords one drops it here first): the model load, torch.compile (this run
+    # compiles), the engine's initialisation; the compile is part of one of the other two.
+    found = RunReports()
+    found.dir = reports
+    kinds = {r["process"] for r in found.patch_states()}  # the API server may start a helper too
+    assert kinds == {"API server", "EngineCore", "Worker"}, kinds
+    phases = found.startup()
+    assert {"load", "compile", "engine_init"} <= set(phases), (phases, sorted(os.listdir(reports)))
+    assert all(s > 0 for s in phases.values()), phases
+    assert phases["compile"] <= phases["load"] + phases["engine_init"], phases
+    # torch's FX graph cache hit or missed for every graph the compile made
+    assert sum(found.graphs().values()) > 0, found.graphs()

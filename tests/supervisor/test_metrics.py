@@ -31,9 +31,19 @@ def value(samples, name, **labels) -> float:
     return samples[(name, tuple(sorted(labels.items())))]
 
 
-def test_every_documented_metric_is_exposed_and_every_exposed_one_documented():
+def test_every_documented_metric_is_exposed_and_every_exposed_one_documented(tmp_path):
+    import json
+
     documented = {name for name, _kind, _doc in m.reference()}
-    text = m.Metrics().render().decode()  # this machine's cgroup: cpu.stat as it has it
+    metrics = m.Metrics()  # this machine's cgroup: cpu.stat as it has it
+    metrics.reports.dir = tmp_path  # a run directory where one vLLM process reported
+    (tmp_path / "patch-states-1.json").write_text(
+        json.dumps({"process": "Worker", "states": {"drain-deadline": "applied"}})
+    )
+    (tmp_path / "startup-1.json").write_text(
+        json.dumps({"process": "Worker", "phases": {"load": 1.0}, "graphs": {"cache": 1}})
+    )
+    text = metrics.render().decode()
     exposed = {
         s.name
         for f in text_string_to_metric_families(text)
@@ -41,9 +51,8 @@ def test_every_documented_metric_is_exposed_and_every_exposed_one_documented():
         if not s.name.endswith("_created")
     }
     assert exposed <= documented, exposed - documented
-    # read at scrape time from this machine's cgroup and from a run directory: maybe none here
+    # read at scrape time from this machine's cgroup: maybe none here
     elsewhere = {n for n in documented if n.startswith("vllm_intel_cpu_") and n.endswith("_total")}
-    elsewhere.add("vllm_intel_patch_state")
     assert documented - exposed <= elsewhere, documented - exposed
 
 
@@ -169,13 +178,16 @@ def test_a_real_prometheus_scrapes_the_drain(run, tmp_path):
         assert code == 0, out
 
 
-def test_patch_states_are_counted_per_process_kind_from_the_run_dir(tmp_path):
+def test_patch_states_and_starts_are_counted_per_process_kind_from_the_run_dir(tmp_path):
     import json
     import os
 
-    states = m.PatchStates()
-    assert list(states.collect())[0].samples == []  # no run directory yet
-    states.dir = tmp_path
+    from vllm_intel.supervisor.reports import RunReports
+
+    reports = RunReports()
+    states = m.PatchStates(reports)
+    assert [f.samples for f in states.collect()] == [[], []]  # no run directory yet
+    reports.dir = tmp_path
     for pid, kind, state in (
         (1, "API server", "applied"),
         (2, "Worker", "applied"),
@@ -187,14 +199,29 @@ def test_patch_states_are_counted_per_process_kind_from_the_run_dir(tmp_path):
     (tmp_path / "patch-states-4.json").write_text("not json")
     (tmp_path / "patch-states-5.json").write_text(json.dumps({"process": 1, "states": []}))
     os.symlink(tmp_path / "patch-states-1.json", tmp_path / "patch-states-6.json")  # not followed
-    samples = {
-        (s.labels["process"], s.labels["state"]): s.value for s in list(states.collect())[0].samples
-    }
+    patch, started = states.collect()
+    samples = {(s.labels["process"], s.labels["state"]): s.value for s in patch.samples}
     assert samples == {
         ("API server", "applied"): 1,
         ("Worker", "applied"): 1,
         ("Worker", "failed"): 1,
     }
+    # A worker that died and was replaced while the server ran: two starts of that kind.
+    assert {s.labels["process"]: s.value for s in started.samples} == {"API server": 1, "Worker": 2}
+    assert {s.name for s in started.samples} == {"vllm_intel_vllm_processes_started_total"}
+
+
+def test_startup_phases_are_served_from_the_run_dir(tmp_path):
+    import json
+
+    metrics = m.Metrics(tmp_path / "no-cgroup")
+    metrics.reports.dir = tmp_path
+    (tmp_path / "startup-7.json").write_text(
+        json.dumps({"process": "Worker", "phases": {"load": 2.5, "compile": 30.0}})
+    )
+    text = metrics.render().decode()
+    assert 'vllm_intel_startup_phase_seconds{phase="load"} 2.5' in text
+    assert 'vllm_intel_startup_phase_seconds{phase="compile"} 30.0' in text
 
 
 def test_an_idle_stop_does_not_linger(run):

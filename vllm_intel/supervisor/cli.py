@@ -10,7 +10,7 @@ import pathlib
 import sys
 import tempfile
 
-from .. import drain_forecast
+from .. import drain_forecast, startup_phases
 from . import errors, limits, paths, settings, timing, workload
 from .errors import ConfigError, Exit
 from .log import json_mode, log, record
@@ -28,8 +28,8 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
     env["VLLM_RPC_BASE_PATH"] = str(run_dir)
     # Where drain-deadline leaves its drain forecast for the exit line (nobody else's file).
     env[drain_forecast.FORECAST_ENV] = str(run_dir / "drain-forecast.json")
-    # Where each vLLM process's plugin leaves its patch states for the supervisor's /metrics.
-    env["INTEL_VLLM_PATCH_STATES_DIR"] = str(run_dir)
+    # Where each vLLM process's plugin leaves its patch states and start-up phases (reports.py).
+    env[startup_phases.DIR_ENV] = str(run_dir)
     # Keep compiled kernels across runs (a warm start skips torch.compile's work: docs/bench.md,
     # "Start times per model size"); it is a cache, not litter.
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.inductor_cache(os.environ)))
@@ -132,6 +132,7 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
         settings.check_port(cfg.host, cfg.port)
         log(plan.line(), event="plan")
         env = child_env(run.path, plan.env)
+        sup.reports.dir = run.path
         log(compile_cache_line(env), event="compile-cache")
         Supervisor.block_signals()
         if probe_port is not None:
@@ -190,7 +191,6 @@ def serve_probes(
     from . import probes
 
     m = sup.metrics
-    m.patch_states.dir = run_dir
     m.info.info({"device": plan.device, "vllm": vllm_version() or "none"})
     m.plan(plan)
     m.swept.inc(swept)

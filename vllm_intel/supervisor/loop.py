@@ -20,6 +20,7 @@ from . import errors, janitor, settings, timing
 from .errors import Exit
 from .log import log
 from .observe import Observer
+from .reports import RunReports, phases_text
 from .state import State
 from .timing import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S
 
@@ -210,6 +211,8 @@ class Supervisor:
         self.forecast_path: str | None = None  # where vLLM's API server writes the drain forecast
         self.watcher: janitor.Watcher | None = None  # records what vLLM maps in shm (cli.py)
         self.metrics = metrics  # metrics.Metrics, served on the probe port (None: not kept)
+        # What vLLM's processes report in the run directory (cli.py sets its dir).
+        self.reports = metrics.reports if metrics else RunReports()
         self.forecast = None  # drain_forecast.Forecast, once vLLM's API server wrote it
 
     # -- set up ---------------------------------------------------------------------------
@@ -371,7 +374,8 @@ class Supervisor:
             took = time.monotonic() - self.started
             if self.metrics:
                 self.metrics.ready_s.set(took)
-            self.set_state(State.SERVING, f"ready after {took:.1f} s")
+            said = phases_text(self.reports.startup(), self.reports.graphs())
+            self.set_state(State.SERVING, f"ready after {took:.1f} s{said}")
 
     # -- exit -----------------------------------------------------------------------------
     def signal_child(self, sig: int) -> None:

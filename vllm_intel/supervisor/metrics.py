@@ -10,10 +10,7 @@ cgroup at each scrape (cpu.stat), nothing polled in between.
 
 from __future__ import annotations
 
-import json
-import os
 import pathlib
-import stat
 
 from prometheus_client import (
     CollectorRegistry,
@@ -28,6 +25,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import limits
+from .reports import RunReports
 from .state import State
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -70,19 +68,20 @@ class CpuStat:
                 yield CounterMetricFamily(f"vllm_intel_{name}", doc, value=int(value) * scale)
 
 
-class PatchStates:
-    """`vllm_intel_patch_state{process, patch, state}`: how many of vLLM's processes of that kind
-    report that state, from the files the plugin writes into the run directory as each process
-    starts (INTEL_VLLM_PATCH_STATES_DIR), read at scrape time."""
+class FromRunReports:
+    """A collector of what vLLM's processes reported in the run directory, read at scrape time."""
 
-    MAX_FILES = 64  # a server has a handful of processes; more is not ours to read
-    MAX_BYTES = 8192
-
-    def __init__(self) -> None:
-        self.dir: pathlib.Path | None = None  # the run directory, once there is one
+    def __init__(self, reports: RunReports) -> None:
+        self.reports = reports
 
     def describe(self):
         return []
+
+
+class PatchStates(FromRunReports):
+    """`vllm_intel_patch_state{process, patch, state}`: how many of vLLM's processes of that kind
+    report that state; `vllm_intel_vllm_processes_started_total{process}`: how many of that kind
+    started (a process that dies and is replaced while the server runs counts again)."""
 
     def collect(self):
         family = GaugeMetricFamily(
@@ -90,40 +89,49 @@ class PatchStates:
             "vLLM processes of a kind reporting a patch in a state",
             labels=["process", "patch", "state"],
         )
+        started = CounterMetricFamily(
+            "vllm_intel_vllm_processes_started",
+            "vLLM processes of a kind started in this container (each reports its patch states)",
+            labels=["process"],
+        )
         counts: dict[tuple[str, str, str], int] = {}
-        for found in self.reports():
+        kinds: dict[str, int] = {}
+        for found in self.reports.patch_states():
+            kinds[found["process"]] = kinds.get(found["process"], 0) + 1
             for patch, state in found["states"].items():
                 key = (found["process"], patch, state)
                 counts[key] = counts.get(key, 0) + 1
         for labels, n in sorted(counts.items()):
             family.add_metric(list(labels), n)
+        for kind, n in sorted(kinds.items()):
+            started.add_metric([kind], n)
         yield family
+        yield started
 
-    def reports(self) -> list[dict]:
-        if self.dir is None:
-            return []
-        try:
-            names = sorted(self.dir.glob("patch-states-*.json"))[: self.MAX_FILES]
-        except OSError:
-            return []
-        out = []
-        for path in names:
-            try:  # a regular file of ours only (the run directory is 0700, still: no FIFO, link)
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                with os.fdopen(fd, "rb") as f:
-                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                        continue
-                    data = json.loads(f.read(self.MAX_BYTES))
-            except (OSError, ValueError):
-                continue
-            if (
-                isinstance(data, dict)
-                and isinstance(data.get("process"), str)
-                and isinstance(data.get("states"), dict)
-                and all(isinstance(v, str) for v in data["states"].values())
-            ):
-                out.append(data)
-        return out
+
+class StartupPhases(FromRunReports):
+    """`vllm_intel_startup_phase_seconds{phase}` and `vllm_intel_startup_graphs{source}`: what vLLM
+    logged of its start (RunReports.startup, RunReports.graphs)."""
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "vllm_intel_startup_phase_seconds",
+            "Seconds of a start-up phase as vLLM logged it (download is part of load; "
+            "compile, by release, of load or engine_init)",
+            labels=["phase"],
+        )
+        for phase, seconds in sorted(self.reports.startup().items()):
+            family.add_metric([phase], seconds)
+        yield family
+        graphs = GaugeMetricFamily(
+            "vllm_intel_startup_graphs",
+            "Compiled graphs vLLM loaded from its compile cache (source=cache) or compiled at this "
+            "start (source=compiled)",
+            labels=["source"],
+        )
+        for source, n in sorted(self.reports.graphs().items()):
+            graphs.add_metric([source], n)
+        yield graphs
 
 
 def cpu_stat_path(cgroup_root: pathlib.Path, self_cgroup: str | None = None) -> pathlib.Path | None:
@@ -171,7 +179,9 @@ GAUGES = {
 
 
 class Metrics:
-    def __init__(self, cgroup_root: pathlib.Path = limits.CGROUP_ROOT):
+    def __init__(
+        self, cgroup_root: pathlib.Path = limits.CGROUP_ROOT, reports: RunReports | None = None
+    ):
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.info = Info("vllm_intel", "This supervisor and what it runs", registry=r)
         self.state = Enum(
@@ -191,8 +201,9 @@ class Metrics:
             "vllm_intel_leftovers_swept", "Dead runs' entries removed at start", registry=r
         )
         r.register(CpuStat(cgroup_root))
-        self.patch_states = PatchStates()
-        r.register(self.patch_states)
+        self.reports = reports or RunReports()
+        r.register(PatchStates(self.reports))
+        r.register(StartupPhases(self.reports))
         ProcessCollector(registry=r)  # process_start_time_seconds: restarts, seen from outside
 
     def render(self) -> bytes:
@@ -218,14 +229,12 @@ class Metrics:
 
 def reference() -> list[tuple[str, str, str]]:
     """(name as scraped, type, help) of every metric, for the docs: the registry's own families
-    (on no cgroup, so that no machine's cpu.stat decides the list) and cpu.stat's counters."""
+    (on no cgroup and no run directory, so that no machine decides the list: the run directory's
+    collectors yield their families without samples) and cpu.stat's counters."""
     rows = []
     for family in Metrics(pathlib.Path("/nonexistent")).registry.collect():
         suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")
         rows.append((family.name + suffix, family.type, family.documentation))
-    rows.append(
-        ("vllm_intel_patch_state", "gauge", "vLLM processes of a kind reporting a patch in a state")
-    )
     for name, doc, _ in CpuStat.FIELDS.values():
         if not any(r[0] == f"vllm_intel_{name}_total" for r in rows):
             rows.append((f"vllm_intel_{name}_total", "counter", doc.removesuffix(" (v2)")))
