@@ -36,8 +36,8 @@ from .workload import Workload
 PLAN_MODES = ("0", "1", "pin")
 # Memory the vLLM processes take besides weights, KV cache and /dev/shm: three Python processes
 # with torch (API server, engine core, worker), inductor's compiled kernels, activations.
-# An estimate, not yet measured: the CPU image serves the built-in model under --memory 4g
-# (tests/container/test_limits.py) with it, which is all that is checked.
+# Measured on a model of a real shape at full KV use (docs/bench.md, "memory"): the allowance
+# and MEMORY_HEADROOM together must hold it; the allowance alone is what the plan names.
 RUNTIME_BYTES = 2 * GiB
 KV_DEFAULT_GIB = 1  # no memory limit: what the images always used (fits the built-in model)
 MEMORY_HEADROOM = 0.10  # of memory.max, kept free for activation peaks and fragmentation
