@@ -86,10 +86,8 @@ def phases_text(phases: dict[str, float], graphs: dict[str, int] | None = None) 
     """ " (vLLM: load 3.1 s, compile 40.2 s, engine init 55.0 s; compile cache miss: 2 graphs
     compiled)" for the ready line, or "" if vLLM said nothing of its start."""
     known = [f"{k.replace('_', ' ')} {phases[k]:.1f} s" for k in PHASES if k in phases]
-    verdict = cache_verdict(graphs or {})
-    if verdict:
-        known = [", ".join(known) + "; " + verdict] if known else [verdict]
-    return f" (vLLM: {', '.join(known)})" if known else ""
+    said = "; ".join(part for part in (", ".join(known), cache_verdict(graphs or {})) if part)
+    return f" (vLLM: {said})" if said else ""
 
 
 def cache_verdict(graphs: dict[str, int]) -> str:
