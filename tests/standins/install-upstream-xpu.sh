@@ -11,8 +11,17 @@ sdist=/tmp/sdist/vllm-$VLLM_VERSION.tar.gz
 echo "$VLLM_SDIST_SHA256  $sdist" | sha256sum -c -
 tar -xzf "$sdist" -C /workspace/vllm --strip-components=1
 python3 -m venv /opt/venv
-pip=/opt/venv/bin/pip
-"$pip" install -q --upgrade pip
+/opt/venv/bin/pip install -q --upgrade pip
+# uv, as upstream's Dockerfile.xpu installs with: pip's resolver spends minutes of CPU on vLLM's
+# requirements, uv seconds. Outside the venv (/usr/local/bin), so the stand-in's venv holds what
+# upstream's does. Its cache is the build's cache mount; it byte-compiles as pip would.
+python3 -m venv /tmp/uv-venv
+/tmp/uv-venv/bin/pip install -q uv
+install -m 0755 /tmp/uv-venv/bin/uv /usr/local/bin/uv
+rm -rf /tmp/uv-venv
+# The cache is a cache mount and the venv a layer: uv cannot hard-link across them.
+export UV_LINK_MODE=copy UV_HTTP_TIMEOUT=${UV_HTTP_TIMEOUT:-180}
+uv=(uv pip install --quiet --python /opt/venv/bin/python --compile-bytecode)
 links=()
 if ls /tmp/wheels/*.whl >/dev/null 2>&1; then links=(--find-links /tmp/wheels); fi
 # requirements/xpu.txt (it includes common.txt and vLLM's build requirements) minus what is
@@ -20,20 +29,20 @@ if ls /tmp/wheels/*.whl >/dev/null 2>&1; then links=(--find-links /tmp/wheels); 
 # the kernels (installed below without their torch pin).
 grep -vE '^(--extra-index-url|torch|triton|vllm_xpu_kernels|vllm-xpu-kernels)' requirements/xpu.txt \
   >requirements/xpu-stand-in.txt
-"$pip" install -q "${links[@]}" "torch==$STAND_IN_TORCH" -r requirements/xpu-stand-in.txt
+"${uv[@]}" "${links[@]}" "torch==$STAND_IN_TORCH" -r requirements/xpu-stand-in.txt
 rm requirements/xpu-stand-in.txt
-VLLM_TARGET_DEVICE=xpu "$pip" install -q --no-build-isolation --no-deps .
+VLLM_TARGET_DEVICE=xpu "${uv[@]}" --no-build-isolation --no-deps .
 # The pins upstream installs after vLLM: from PyPI, as pip resolves them; --no-deps so that the
 # kernels' torch pin does not replace the CPU torch standing in.
 # shellcheck disable=SC2086  # a list of requirement specifiers
-if [ -n "${XPU_ONEAPI_PIP:-}" ]; then "$pip" install -q --no-deps $XPU_ONEAPI_PIP; fi
+if [ -n "${XPU_ONEAPI_PIP:-}" ]; then "${uv[@]}" --no-deps $XPU_ONEAPI_PIP; fi
 # Some releases take their kernels from a GitHub asset that PyPI does not carry under that version.
 kernels="vllm_xpu_kernels $XPU_KERNELS_VERSION from PyPI cannot load without torch built with XPU"
-if ! "$pip" install -q --no-deps "vllm_xpu_kernels==$XPU_KERNELS_VERSION"; then
+if ! "${uv[@]}" --no-deps "vllm_xpu_kernels==$XPU_KERNELS_VERSION"; then
   kernels="vllm_xpu_kernels $XPU_KERNELS_VERSION is not on PyPI (upstream installs it from its GitHub release)"
 fi
 # Like vLLM's CPU install: these arrive as CUDA builds and break imports on a CPU-only torch.
-"$pip" uninstall -q -y torchvision torchaudio torchcodec triton || true
+uv pip uninstall --quiet --python /opt/venv/bin/python torchvision torchaudio torchcodec triton || true
 mkdir -p /etc/vllm-intel
 cat >/etc/vllm-intel/stand-in <<EOF_LIST
 torch-xpu torch $STAND_IN_TORCH (CPU build) stands in for PyTorch's XPU build
