@@ -9,6 +9,9 @@ set -eu
 src=$1
 # A copy of the source: the bind mount is read-only and setuptools writes build/ and *.egg-info
 # next to pyproject.toml. No deps: psutil and prometheus_client come with vLLM.
+# The build backend (setuptools) comes from PyPI alone: upstream's XPU image sets
+# PIP_EXTRA_INDEX_URL to PyTorch's XPU index, which pip would ask too (and retry where unreachable).
+export PIP_EXTRA_INDEX_URL=
 tmp=$(mktemp -d)
 cp -r "$src/pyproject.toml" "$src/vllm_intel" "$src/patches" "$tmp/"
 /opt/venv/bin/pip wheel --no-deps --no-cache-dir -w "$tmp/dist" "$tmp"
