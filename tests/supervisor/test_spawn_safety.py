@@ -46,6 +46,8 @@ SPAWN = textwrap.dedent(
     import json, os, pathlib, signal, subprocess, sys, threading, time
     from vllm_intel.supervisor import loop, settings
 
+    for sig in json.loads(sys.argv[5]):  # as inherited from nohup or a background job
+        signal.signal(sig, signal.SIG_IGN)
     calls = []
     real = subprocess.Popen
     def recording(*args, **kwargs):
@@ -72,7 +74,12 @@ SPAWN = textwrap.dedent(
 )
 
 
-def spawn(tmp_path: pathlib.Path, argv: list[str], cpus: list[int] | None = None):
+def spawn(
+    tmp_path: pathlib.Path,
+    argv: list[str],
+    cpus: list[int] | None = None,
+    ignored: tuple[int, ...] = (),
+):
     run = subprocess.run(
         [
             sys.executable,
@@ -82,6 +89,7 @@ def spawn(tmp_path: pathlib.Path, argv: list[str], cpus: list[int] | None = None
             json.dumps(argv),
             str(free_port()),
             str(tmp_path / "state.json"),
+            json.dumps([int(s) for s in ignored]),
         ],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT)),
@@ -122,14 +130,21 @@ def test_vllm_starts_as_child_setup_had_it(tmp_path, pin):
     assert sorted(os.sched_getaffinity(0)) == allowed  # the test process is left alone
 
 
-def test_vllm_inherits_no_ignored_or_blocked_signal(tmp_path):
+@pytest.mark.parametrize(
+    "inherited",
+    [(), (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGUSR1)],
+    ids=["clean", "nohup-background"],
+)
+def test_vllm_inherits_no_ignored_or_blocked_signal(tmp_path, inherited):
     """Read by a program that is not Python (a Python child ignores SIGPIPE and SIGXFSZ itself):
-    what the wrapper interpreter set at its start-up is undone before the exec."""
-    run = spawn(tmp_path, ["cat", "/proc/self/status"])
+    what the wrapper interpreter set at its start-up is undone before the exec, and so is what
+    the supervisor itself inherited ignored (`nohup ... &` from a script ignores SIGHUP, SIGINT
+    and SIGQUIT): a signal the supervisor forwards must reach vLLM."""
+    run = spawn(tmp_path, ["cat", "/proc/self/status"], ignored=inherited)
     status = dict(line.split(":\t", 1) for line in run.stdout.splitlines() if ":\t" in line)
     assert int(status["SigBlk"], 16) == 0, status["SigBlk"]
     ignored = int(status["SigIgn"], 16)
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, *loop.STOPPING, signal.SIGHUP, *inherited):
         assert not ignored & (1 << (sig - 1)), (sig, hex(ignored))
 
 

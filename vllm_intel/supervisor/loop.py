@@ -110,9 +110,11 @@ def _child_setup(cpus: list[int] | None = None) -> None:
 # the child does its set-up in Python of its own: the interpreter fork+exec'd by Popen's safe
 # path (no Python code between fork and exec) runs this, then execs vLLM in the same process (the
 # pid the supervisor signals and reaps). Invariants, each as `_child_setup` had them:
-# - signal dispositions: exec resets caught signals to SIG_DFL and keeps ignored ones; Popen's
-#   restore_signals reset SIGPIPE and SIGXFSZ. This interpreter catches SIGINT and ignores SIGPIPE
-#   and SIGXFSZ at start-up: set back to what vLLM must inherit, before anything is unblocked.
+# - signal dispositions: vLLM starts with every signal at its default action. exec resets caught
+#   signals to SIG_DFL but keeps ignored ones, and this interpreter catches SIGINT and ignores
+#   SIGPIPE and SIGXFSZ at start-up; a supervisor started under nohup, or as a background job of
+#   a non-interactive shell, has SIGHUP, SIGINT, SIGQUIT ignored as well, and a forwarded signal
+#   would then be lost on vLLM. All are set back to SIG_DFL before anything is unblocked.
 # - the signal mask: the supervisor blocks WATCHED in every thread, and a mask survives fork and
 #   exec, so it is inherited blocked and unblocked here, last before exec. A signal the supervisor
 #   forwarded meanwhile was pending and takes its default action now, as it would on a vLLM that
@@ -125,11 +127,9 @@ _EXEC_CHILD = """\
 import ctypes, os, signal, sys
 errfd, ppid, cpus, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
 try:
-    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-    for name in ("SIGPIPE", "SIGXFSZ"):
-        if hasattr(signal, name):
-            signal.signal(getattr(signal, name), signal.SIG_DFL)
+    for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
+        if signal.getsignal(sig) not in (signal.SIG_DFL, None):
+            signal.signal(sig, signal.SIG_DFL)
     if cpus:
         os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
