@@ -189,19 +189,34 @@ sys.exit(v.main([]))
 """
 
 
+CLI = """
+import sys
+import vllm_intel.patches as v
+sys.exit(v.main([]))
+"""
+
+
+def cli_states(python, code: str, env: dict) -> dict[str, str]:
+    cp = run_py(python, code, env=env)
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    return {line.split()[0]: line for line in cp.stdout.splitlines()}
+
+
 @pytest.mark.parametrize("opt_in", [False, True])
 def test_cli_on_an_untested_release(default_python, opt_in):
     env = {registry.UNTESTED_ENV: "1"} if opt_in else {}
     env["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] = "0.0001"
-    cp = run_py(default_python, CLI_AS_IF, env=env)
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    rows = {line.split()[0]: line for line in cp.stdout.splitlines()}
+    rows = cli_states(default_python, CLI_AS_IF, env)
+    # Opted in, each patch decides as on the tested release it runs on: applied or upstream, or
+    # not-applicable where the hardware says so (cpu-amx-tiles on a CPU without AMX tiles).
+    tested = cli_states(default_python, CLI, env) if opt_in else {}
     for name, line in rows.items():
         state = line.split()[1]
         if name in LIFECYCLE:  # state as always, the reason says it is untested here
             assert state != "untested" and "untested: vLLM 0.33.0" in line, line
         elif opt_in:
-            assert state in ("applied", "upstream"), line
+            assert state == tested[name].split()[1] != "untested", (line, tested[name])
+            assert state in ("applied", "upstream") or "this CPU has no" in line, line
             assert "(untested: vLLM 0.33.0 is outside the tested range" in line, line
         else:
             assert state == "untested", line
