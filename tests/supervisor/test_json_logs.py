@@ -8,10 +8,14 @@ import io
 import json
 import logging
 import logging.config
+import os
 import signal
+import subprocess
+import sys
 
 import pytest
 
+from tests.harness import ROOT
 from vllm_intel import jsonlog
 from vllm_intel.supervisor import relay
 
@@ -86,3 +90,45 @@ def test_a_bad_log_format_is_exit_64_in_one_line(run):
     r = run({"INTEL_VLLM_LOG_FORMAT": "yaml"})
     code, out, _ = r.finish()
     assert code == 64 and out.count("\n") == 1 and "INTEL_VLLM_LOG_FORMAT" in out, out
+
+
+LOG_WHILE_RELAYING = """
+import os, sys, threading
+from vllm_intel.supervisor.log import log
+from vllm_intel.supervisor.relay import Relay
+relay = Relay()
+out_w, err_w = relay.child_fds()
+def vllm():
+    for i in range({n}):
+        os.write(err_w, b"vllm line %d\\n" % i)
+    os.close(out_w)
+    os.close(err_w)
+relay.start()
+writer = threading.Thread(target=vllm)
+writer.start()
+for i in range({n}):
+    log(f"supervisor line {{i}}", event="state")
+writer.join()
+relay.join()
+"""
+
+
+def test_the_supervisors_lines_and_relayed_lines_never_share_a_line(tmp_path):
+    """Two threads write the same stderr (the supervisor's log, the relay); without one lock
+    around whole lines a relayed line landed between a message and its newline (~5% of lines
+    with 3000 of each)."""
+    n = 3000
+    err = tmp_path / "stderr"
+    with err.open("wb") as f:
+        subprocess.run(
+            [sys.executable, "-c", LOG_WHILE_RELAYING.format(n=n)],
+            env={**os.environ, "INTEL_VLLM_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)},
+            stderr=f,
+            check=True,
+            timeout=60,
+        )
+    records = [json.loads(line) for line in err.read_text().splitlines()]
+    assert len(records) == 2 * n
+    assert sorted(r["message"] for r in records) == sorted(
+        [f"supervisor line {i}" for i in range(n)] + [f"vllm line {i}" for i in range(n)]
+    )

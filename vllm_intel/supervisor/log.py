@@ -13,6 +13,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 
 FORMAT_ENV = "INTEL_VLLM_LOG_FORMAT"
 FORMATS = ("text", "json")
@@ -36,10 +37,29 @@ def record(message: str, *, level="info", source="entrypoint", event="log", **fi
     return json.dumps({**head, "message": message, **fields}, ensure_ascii=False, default=str)
 
 
+# Whole lines only: the supervisor's own lines and the relay's (another thread) go to the same
+# streams; print() writes a message and its newline apart, so a relayed line could land between.
+_write_lock = threading.Lock()
+
+
+def write_lines(out, data: bytes) -> None:
+    """Write whole lines (bytes ending in a newline) to the text stream `out`, never interleaved
+    with another thread's."""
+    with _write_lock:
+        binary = getattr(out, "buffer", None)
+        if binary is None:  # a text-only stream (StringIO)
+            out.write(data.decode("utf-8", "replace"))
+            out.flush()
+            return
+        out.flush()
+        binary.write(data)
+        binary.flush()
+
+
 def log(msg: str, *, event: str = "log", level: str = "info", **fields) -> None:
     """`fields`: the event's values, kept apart in JSON (the text line has them in `msg`)."""
     if json_mode():
         line = record(msg, level=level, event=event, **fields)
     else:
         line = f"[entrypoint] {msg}"
-    print(line, file=sys.stderr, flush=True)
+    write_lines(sys.stderr, (line + "\n").encode("utf-8", "replace"))

@@ -15,7 +15,7 @@ import selectors
 import sys
 import threading
 
-from .log import record
+from .log import record, write_lines
 
 MAX_LINE = 1 << 16
 
@@ -80,9 +80,6 @@ class Relay(threading.Thread):
                 if not data:
                     sel.unregister(fd)
                     os.close(fd)
-                for line in lines:
-                    converted = as_json_line(line, stream)
-                    if converted:
-                        out.buffer.write(converted)
-                out.flush()
+                converted = [as_json_line(line, stream) for line in lines]
+                write_lines(out, b"".join(c for c in converted if c))
         sel.close()
