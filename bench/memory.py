@@ -1,4 +1,4 @@
-"""memory: what the CPU plan's runtime allowance (plan.RUNTIME_BYTES) has to hold, measured on
+"""memory: what the CPU plan's runtime allowance (plan.runtime_bytes) has to hold, measured on
 models of real shapes in the CPU image (Docker only).
 
 One container per shape (`serve`, torch.compile, `--memory 8g --shm-size 1g`, the plan's KV cache
@@ -12,99 +12,28 @@ From the start, through a prefill-heavy load (8 prompts of 1500 tokens at once) 
 
 The KV cache is allocated filled with zeros at start (vLLM's allocate_kv_cache: torch.zeros), so
 every page of it is resident from then on: its memory at full use is its memory at start, and
-the figure holds at any KV use. Against the allowance: runtime / RUNTIME_BYTES (goal <= 1).
+the figure holds at any KV use. Against the allowance for that model: runtime / plan.runtime_bytes (goal <= 1).
 """
 
 from __future__ import annotations
 
 import os
-import pathlib
 import re
-import threading
 import time
 
-import requests
-
 from tests.harness import Container
+from tests.harness.memory import SAMPLE_S, Sampler, burst, resident
 from vllm_intel.supervisor import plan as plan_module
+from vllm_intel.supervisor import workload
 
 from .common import Row, log, record
 from .dockerutil import IMAGE, docker, engine
 from .real import SHAPES, SHAPES_QUICK, model
 
 MEMORY = "8g"
-SAMPLE_S = 0.2
 PREFILL = (8, 1500, 16)  # requests at once, prompt tokens, tokens out
 DECODE = (32, 16, 48)
-CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
 GiB = 2**30
-
-
-class Sampler(threading.Thread):
-    """Peak of the container's anonymous + shared memory, read on the host every SAMPLE_S."""
-
-    def __init__(self, name: str):
-        super().__init__(daemon=True)
-        self.name_ = name
-        self.peak = 0
-        self.peak_at = "start"
-        self.phase = "start"
-        self.done = threading.Event()
-        self.path = stat_path(name)
-
-    def run(self) -> None:
-        while not self.done.wait(SAMPLE_S):
-            now = resident(self.path)
-            if now is not None and now > self.peak:
-                self.peak, self.peak_at = now, self.phase
-
-
-def stat_path(name: str) -> pathlib.Path:
-    """The container's memory.stat on the host (cgroup v2, else v1's memory controller)."""
-    pid = docker("inspect", "-f", "{{.State.Pid}}", name).stdout.strip()
-    for line in pathlib.Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if controllers == "" and (CGROUP_ROOT / "cgroup.controllers").exists():
-            return CGROUP_ROOT / path.lstrip("/") / "memory.stat"
-        if "memory" in controllers.split(","):
-            return CGROUP_ROOT / "memory" / path.lstrip("/") / "memory.stat"
-    raise RuntimeError(f"{name}: no memory cgroup")
-
-
-def resident(path: pathlib.Path) -> int | None:
-    try:
-        got = dict(line.split() for line in path.read_text().splitlines())
-    except (OSError, ValueError):
-        return None  # the container is gone
-    if "anon" in got:
-        return int(got["anon"]) + int(got.get("shmem", 0))
-    return int(got.get("total_rss", 0)) + int(got.get("total_shmem", 0))
-
-
-def load(url: str, name: str, n: int, prompt: int, out: int) -> int:
-    """n completions at once (prompts of token ids); how many came back 200 with every token."""
-    ok = []
-
-    def one(i: int) -> None:
-        ids = [(100 + 7 * i + j) % 30000 + 100 for j in range(prompt)]
-        r = requests.post(
-            url + "/v1/completions",
-            timeout=900,
-            json={"model": name, "prompt": ids, "max_tokens": out, "ignore_eos": True},
-        )
-        if r.status_code == 200 and r.json()["usage"]["completion_tokens"] == out:
-            ok.append(i)
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return len(ok)
-
-
-def weights_bytes(path: pathlib.Path) -> int:
-    return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
 def measure(shape: str) -> dict:
@@ -119,9 +48,9 @@ def measure(shape: str) -> dict:
             ready_s = c.wait_ready(1500)
             at_ready = resident(sampler.path) or 0
             sampler.phase = "prefill"
-            prefilled = load(c.url, "/models/m", *PREFILL)
+            prefilled = burst(c.url, "/models/m", *PREFILL)
             sampler.phase = "decode"
-            decoded = load(c.url, "/models/m", *DECODE)
+            decoded = burst(c.url, "/models/m", *DECODE)
             time.sleep(2 * SAMPLE_S)
             shm = docker("exec", name, "du", "-sb", "/dev/shm").stdout.split()[0]
         finally:
@@ -130,7 +59,7 @@ def measure(shape: str) -> dict:
     kv = re.search(r"KV cache: (\d+) GiB", logs)
     if not kv:
         raise RuntimeError(f"no KV cache in the plan line: {logs[-2000:]}")
-    kv_bytes, w = int(kv.group(1)) * GiB, weights_bytes(path)
+    kv_bytes, w = int(kv.group(1)) * GiB, workload.weights_bytes(str(path))
     runtime = sampler.peak - w - kv_bytes - int(shm)
     return record(
         f"memory {shape}",
@@ -155,8 +84,9 @@ def run(repeat: int, quick: bool) -> list[Row]:
         log(f"memory: skipped: {why}")
         return []
     rows = []
-    allowance = plan_module.RUNTIME_BYTES / GiB
     for shape in SHAPES_QUICK if quick else SHAPES:
+        work = workload.workload([], str(model(shape)))
+        allowance = round(plan_module.runtime_bytes(work) / GiB, 2)
         got = []
         for _ in range(repeat):
             try:

@@ -49,12 +49,30 @@ def test_plan_decides_from_typed_inputs(limits, env, want):
 
 
 def test_kv_cache_is_the_memory_limit_less_what_else_vllm_holds():
-    # 16 GiB - 10 % headroom - weights 1 GiB - runtime 2 GiB - shm 400 MiB = 11.0 -> 11
+    # 16 GiB - 10 % headroom - weights 1 GiB - runtime (2 + 1/2) GiB - shm 400 MiB = 10.5 -> 10
     p = pl.plan(node(8, 4.0, 16 * GiB), ONE, {})
-    assert p.kv_gib == 11 and p.env["VLLM_CPU_KVCACHE_SPACE"] == "11"
-    big = Workload(tp=2, pp=1, shm_needed=ONE.shm_needed, weights=8 * GiB)
-    assert pl.plan(node(8, 4.0, 16 * GiB), big, {}).kv_gib == 4  # 14.4 - 10.4
+    assert p.kv_gib == 10 and p.env["VLLM_CPU_KVCACHE_SPACE"] == "10"
+    big = Workload(tp=2, pp=1, shm_needed=ONE.shm_needed, weights=6 * GiB)
+    assert pl.plan(node(8, 4.0, 16 * GiB), big, {}).kv_gib == 3  # 14.4 - 6 - 5 - 0.4
     assert pl.plan(node(8, 4.0, 16 * GiB), big, {}).omp_threads == 2  # 4 CPUs, 2 workers
+    # not a local directory: weights unknown, the base allowance alone
+    hub = Workload(tp=1, pp=1, shm_needed=ONE.shm_needed, weights=None)
+    assert pl.runtime_bytes(hub) == pl.RUNTIME_BYTES
+    assert pl.plan(node(8, 4.0, 16 * GiB), hub, {}).kv_gib == 12  # 14.4 - 2 - 0.4
+
+
+@pytest.mark.parametrize("work", [ONE, Workload(tp=2, pp=1, shm_needed=7 * MiB, weights=None)])
+@pytest.mark.parametrize("kv", [1, 3])
+def test_least_memory_is_the_edge_of_the_plan(work, kv):
+    """least_memory: the plan gives that KV cache there, and 1 MiB less gives less (or refuses)."""
+    edge = pl.least_memory(work, kv)
+    assert edge % MiB == 0
+    assert pl.plan(node(8, None, edge), work, {}).kv_gib == kv
+    if kv == 1:
+        with pytest.raises(ConfigError, match=f"to at least {-(-edge // GiB)} GiB"):
+            pl.plan(node(8, None, edge - MiB), work, {})
+    else:
+        assert pl.plan(node(8, None, edge - MiB), work, {}).kv_gib == kv - 1
 
 
 def test_the_plan_is_a_value_and_its_env_follows_its_fields():
@@ -64,7 +82,7 @@ def test_the_plan_is_a_value_and_its_env_follows_its_fields():
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "OMP_NUM_THREADS": "4",
         pl.SPIN: pl.SPIN_SLEEP_S,
-        "VLLM_CPU_KVCACHE_SPACE": "11",
+        "VLLM_CPU_KVCACHE_SPACE": "10",
     }
     with pytest.raises(AttributeError):
         p.kv_gib = 1  # frozen
@@ -74,7 +92,7 @@ def test_the_plan_is_a_value_and_its_env_follows_its_fields():
     "limits, work, env, message",
     [
         (node(2, 1.0), Workload(3, 1, 0, None), {}, "3 vLLM CPU workers"),
-        (node(8, None, 3 * GiB), ONE, {}, "at least 5 GiB"),
+        (node(8, None, 3 * GiB), ONE, {}, "at least 6 GiB"),
         (node(8, 1.0), ONE, {"INTEL_VLLM_CPU_PLAN": "pin", "OMP_NUM_THREADS": "1"}, "unset"),
         (node(8), ONE, {"INTEL_VLLM_CPU_PLAN": "yes"}, "must be one of 0, 1, pin"),
     ],

@@ -35,10 +35,12 @@ from .workload import Workload
 
 PLAN_MODES = ("0", "1", "pin")
 # Memory the vLLM processes take besides weights, KV cache and /dev/shm: three Python processes
-# with torch (API server, engine core, worker), inductor's compiled kernels, activations.
-# Measured on a model of a real shape at full KV use (docs/bench.md, "memory"): the allowance
-# and MEMORY_HEADROOM together must hold it; the allowance alone is what the plan names.
+# with torch (API server, engine core, worker), inductor's compiled kernels, activations, and a
+# part that grows with the model (it did not stay constant from one model size to the next).
+# The allowance alone must hold what was measured at full KV use on the real shapes
+# (docs/bench.md, "memory"); MEMORY_HEADROOM is for what a measurement did not see.
 RUNTIME_BYTES = 2 * GiB
+RUNTIME_PER_WEIGHT_BYTE = 0.5
 KV_DEFAULT_GIB = 1  # no memory limit: what the images always used (fits the built-in model)
 MEMORY_HEADROOM = 0.10  # of memory.max, kept free for activation peaks and fragmentation
 PLANNED = (
@@ -153,16 +155,28 @@ class Plan:
         )
 
 
+def runtime_bytes(work: Workload) -> int:
+    """The runtime allowance for `work`: a base, and more for a bigger local model."""
+    return RUNTIME_BYTES + math.ceil((work.weights or 0) * RUNTIME_PER_WEIGHT_BYTE)
+
+
 def fixed_bytes(work: Workload) -> int:
     """Memory vLLM takes besides the KV cache."""
-    return (work.weights or 0) + RUNTIME_BYTES + work.shm_needed
+    return (work.weights or 0) + runtime_bytes(work) + work.shm_needed
+
+
+def least_memory(work: Workload, kv_gib: int = 1) -> int:
+    """The smallest memory limit (bytes, whole MiB) under which the plan gives `work` a KV cache
+    of `kv_gib` GiB: the plan's edge."""
+    need = (fixed_bytes(work) + kv_gib * GiB) / (1 - MEMORY_HEADROOM)
+    return math.ceil(need / MiB) * MiB
 
 
 def fixed_text(work: Workload) -> str:
     counted = "" if work.weights is not None else " (not a local dir: not counted)"
     return (
         f"weights {(work.weights or 0) / GiB:.1f} GiB{counted}"
-        f" + runtime {RUNTIME_BYTES / GiB:.0f} GiB + /dev/shm {work.shm_needed / MiB:.0f} MiB"
+        f" + runtime {runtime_bytes(work) / GiB:.1f} GiB + /dev/shm {work.shm_needed / MiB:.0f} MiB"
     )
 
 
@@ -256,7 +270,7 @@ def _kv_gib(limits: Limits, work: Workload, mode: str, yours: dict) -> int | Non
         return KV_DEFAULT_GIB
     kv = math.floor((mem * (1 - MEMORY_HEADROOM) - fixed) / GiB)
     if kv < 1:
-        least = math.ceil((fixed + GiB) / (1 - MEMORY_HEADROOM) / GiB)
+        least = math.ceil(least_memory(work) / GiB)
         raise ConfigError(
             f"memory.max {mem / GiB:.1f} GiB cannot hold a 1 GiB KV cache + {fixed_text(work)} "
             f"+ {MEMORY_HEADROOM:.0%} headroom: raise the memory limit (docker run "
