@@ -12,7 +12,8 @@ From the start, through a prefill-heavy load (8 prompts of 1500 tokens at once) 
 
 The KV cache is allocated filled with zeros at start (vLLM's allocate_kv_cache: torch.zeros), so
 every page of it is resident from then on: its memory at full use is its memory at start, and
-the figure holds at any KV use. Against the allowance for that model: runtime / plan.runtime_bytes (goal <= 1).
+the figure holds at any KV use. Against the allowance for that model: runtime /
+plan.runtime_bytes (goal <= 1).
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ def measure(shape: str) -> dict:
     args = ["--memory", MEMORY, "--shm-size", "1g", "-v", f"{path}:/models/m:ro",
             "-e", "INTEL_VLLM_MODEL=/models/m"]  # fmt: skip
     with Container(name, IMAGE, args, ["serve", "--max-model-len", "4096"]) as c:
-        sampler = Sampler(name)
-        sampler.start()
-        try:
+        with Sampler(name) as sampler:
             ready_s = c.wait_ready(1500)
             at_ready = resident(sampler.path) or 0
             sampler.phase = "prefill"
@@ -53,8 +52,6 @@ def measure(shape: str) -> dict:
             decoded = burst(c.url, "/models/m", *DECODE)
             time.sleep(2 * SAMPLE_S)
             shm = docker("exec", name, "du", "-sb", "/dev/shm").stdout.split()[0]
-        finally:
-            sampler.done.set()
         logs = c.logs()
     kv = re.search(r"KV cache: (\d+) GiB", logs)
     if not kv:

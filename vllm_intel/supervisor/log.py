@@ -46,14 +46,9 @@ def write_lines(out, data: bytes) -> None:
     """Write whole lines (bytes ending in a newline) to the text stream `out`, never interleaved
     with another thread's."""
     with _write_lock:
-        binary = getattr(out, "buffer", None)
-        if binary is None:  # a text-only stream (StringIO)
-            out.write(data.decode("utf-8", "replace"))
-            out.flush()
-            return
         out.flush()
-        binary.write(data)
-        binary.flush()
+        out.buffer.write(data)
+        out.buffer.flush()
 
 
 def log(msg: str, *, event: str = "log", level: str = "info", **fields) -> None:
