@@ -15,7 +15,6 @@ Shapes: qwen2.5-0.5b; llama-3.2-1b as well unless --quick. Each drain run is a s
 
 from __future__ import annotations
 
-import re
 import signal
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from tests.harness import ROOT, Streams
+from tests.harness import EXIT_FORECAST, ROOT, Streams
 from vllm_intel.supervisor import timing
 
 from .common import Row, launch, record, stop
@@ -97,7 +96,7 @@ def drain(kind: str, shape: str, path, caches, tokens: int, label: str) -> dict:
         finished = sum(
             1 for r in results if r.done and r.finish_reason == "length" and r.tokens == tokens
         )
-        need = re.search(r"forecast at SIGTERM: .*? needing (\d+) s", s.text())
+        need = EXIT_FORECAST.search(s.text())
         return record(
             f"real {shape} {kind} drain {tokens}",
             {
@@ -109,7 +108,7 @@ def drain(kind: str, shape: str, path, caches, tokens: int, label: str) -> dict:
                 "last_stream_s": round(max(r.ended for r in results) - t_term, 1)
                 if all(r.ended for r in results)
                 else None,
-                "forecast_need_s": int(need.group(1)) if need else None,
+                "forecast_need_s": int(need["need"]) if need else None,
                 "exit_code": code,
                 "exit_s": round(took, 1) if isinstance(took, float) else took,
             },

@@ -22,13 +22,12 @@ one that no window of that size could hold.
 from __future__ import annotations
 
 import os
-import re
 import time
 import uuid
 
 import pytest
 
-from tests.harness import Container, Streams, docker
+from tests.harness import EXIT_FORECAST, Container, Streams, docker
 from tests.harness.memory import Sampler, burst
 from vllm_intel.supervisor import plan, timing, workload
 from vllm_intel.supervisor.limits import GiB, MiB
@@ -44,10 +43,6 @@ ANSWER_SHARE = 0.7
 # Prompts of 1500 tokens, two at once: more than one full prefill step (vLLM's CPU default for the
 # API server: 2048 batched tokens), the step whose activations peak.
 PREFILL = (2, 1500, 16)
-FORECAST = re.compile(
-    r"forecast at SIGTERM: (\d+) in flight, the slowest needing (\d+) s of the (\d+) s "
-    r"window, (\d+) to be cut"
-)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -103,7 +98,7 @@ def test_at_the_memory_plans_edge_it_serves_a_full_step_and_the_drain_finishes_f
         state = docker("inspect", "-f", "{{.State.ExitCode}} {{.State.OOMKilled}}", name)
         logs = c.logs()
     code, oom_killed = state.stdout.split()
-    forecast = FORECAST.search(logs)
+    forecast = EXIT_FORECAST.search(logs)
     last = max(r.ended for r in results) - t_term
     print(
         f"{shape} under --memory {edge // MiB}m (the plan's edge, KV cache 1 GiB): ready "
@@ -121,7 +116,7 @@ def test_at_the_memory_plans_edge_it_serves_a_full_step_and_the_drain_finishes_f
     assert code == "0", logs[-4000:]
     assert took < grace, f"{took:.0f} s: Docker had to kill it"
     assert forecast, logs[-4000:]
-    in_flight, need, window, cut = map(int, forecast.groups())
+    in_flight, need, window, cut = map(int, forecast.group("in_flight", "need", "window", "cut"))
     assert (in_flight, window, cut) == (4, timing.DEFAULT_DRAIN_S, 0), forecast.group(0)
     # The forecast is the drain's real length: never short by more than a few seconds (it would
     # say "all finish" of answers that get cut), long by less than 40 % (the speed is taken in the

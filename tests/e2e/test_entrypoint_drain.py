@@ -16,17 +16,12 @@ import pytest
 import requests
 
 from tests.deploy.test_monitoring import dashboard_queries
-from tests.harness import Senders, Streams, free_port, prometheus
+from tests.harness import EXIT_FORECAST, Senders, Streams, free_port, prometheus
 
 from .conftest import assert_nothing_left, probe
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 TOKENS = 3000
-# The supervisor's exit line, from the forecast drain-deadline wrote at SIGTERM.
-FORECAST = re.compile(
-    r"forecast at SIGTERM: (\d+) in flight, the slowest needing (\d+) s of the \d+ s window, "
-    r"(\d+) to be cut"
-)
 
 
 @pytest.mark.parametrize("mode", ["eager", "compiled"])
@@ -123,10 +118,10 @@ def drain_and_check(s, mode, scraper) -> None:
     if not senders:  # the senders' short requests come and go between two samples
         assert in_flight == 8 and finished + running == 8, summary.group(0)
     # The drain forecast (API server, from vLLM's request states): every stream fits the window.
-    forecast = FORECAST.search(s.text())
+    forecast = EXIT_FORECAST.search(s.text())
     assert forecast, s.tail()
-    assert int(forecast.group(1)) >= 8 and forecast.group(3) == "0", forecast.group(0)
-    assert float(forecast.group(2)) < 28, forecast.group(0)  # 10-15 s of work were left
+    assert int(forecast["in_flight"]) >= 8 and forecast["cut"] == "0", forecast.group(0)
+    assert float(forecast["need"]) < 28, forecast.group(0)  # 10-15 s of work were left
     assert re.search(r"drain forecast: \d+ request\(s\) in flight.*: all finish", s.text())
     assert_nothing_left(s)
     if scraper:  # what the client saw, in the series Prometheus scraped from the probe port
@@ -155,8 +150,8 @@ def test_request_longer_than_the_drain_gets_a_final_event(serve):
     assert result.terminal and result.done, result
     assert result.finish_reason == "abort", result
     # Said at SIGTERM, before it happened: this one request does not fit the 4 s window.
-    forecast = FORECAST.search(s.text())
-    assert forecast and forecast.group(1, 3) == ("1", "1"), s.tail()
+    forecast = EXIT_FORECAST.search(s.text())
+    assert forecast and forecast.group("in_flight", "cut") == ("1", "1"), s.tail()
     assert re.search(r"drain forecast: 1 request\(s\) in flight.*1 will be cut at 3 s", s.text())
     assert result.ended - t_term < 4 + 1
     assert code is not None and took <= 4 + 10, s.tail()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -52,6 +53,13 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
+
+# The supervisor's exit line words for the forecast drain-deadline wrote at SIGTERM
+# (vllm_intel.drain_forecast.Forecast.brief).
+EXIT_FORECAST = re.compile(
+    r"forecast at SIGTERM: (?P<in_flight>\d+) in flight, the slowest needing (?P<need>\d+) s of "
+    r"the (?P<window>\d+) s window, (?P<cut>\d+) to be cut"
+)
 
 DOCKER = os.environ.get("DOCKER", "/usr/bin/docker")  # the Debian CLI builds with BuildKit
 
