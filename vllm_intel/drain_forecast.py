@@ -6,7 +6,10 @@ request_states``: tokens generated so far and ``max_tokens``), by drain-deadline
 drain runs (no new request joins it). A request's speed is the tokens it got between the two: the
 speed of the drain itself, not of the busier time before it (streams that had just started, a
 host still admitting requests: slower than the drain, docs/bench.md, "Measured outside `make
-bench`", "`drain-deadline`"). The forecast is logged, and
+bench`", "`drain-deadline`"). The tokens are divided by the time between the engine's stamps of
+the first and the last of them (``last_token_ts``), not by the time between the samples: a second
+holds a handful of tokens of a large model on a CPU (8-12), so counting them against the clock
+would be off by up to one token in eight. The forecast is logged, and
 written as JSON to ``$INTEL_VLLM_DRAIN_FORECAST`` (the supervisor sets it inside its run
 directory) for the supervisor's exit line.
 
@@ -73,34 +76,38 @@ class Forecast:
         )
 
 
-Sample = dict[str, tuple[int | None, int | None]]  # request id -> (generated, max_tokens)
+# request id -> (generated, max_tokens, the engine's stamp of the last token: its monotonic clock)
+Sample = dict[str, tuple[int | None, int | None, float | None]]
 
 
 def sample(states: dict) -> Sample:
-    """Tokens so far and max_tokens of each of vLLM's ``RequestState`` objects (generated is None
-    where vLLM keeps no stats)."""
+    """Tokens so far, max_tokens and the last token's stamp of each of vLLM's ``RequestState``
+    objects (generated and stamp are None where vLLM keeps no stats)."""
     out = {}
     for rid, st in list(states.items()):  # list(): one step under the GIL, the loop mutates it
         stats = getattr(st, "stats", None)
         generated = None if stats is None else int(stats.num_generation_tokens)
+        stamp = getattr(stats, "last_token_ts", None) or None  # 0.0: no token yet
         max_tokens = getattr(st, "max_tokens_param", None)
-        out[rid] = (generated, int(max_tokens) if max_tokens else None)
+        out[rid] = (generated, int(max_tokens) if max_tokens else None, stamp)
     return out
 
 
 def in_flight(before: Sample, after: Sample, elapsed: float) -> list[InFlight]:
-    """The requests of `before` (the drain's start), with their speed over the `elapsed` seconds
-    to `after`; one gone from `after` has finished (nothing left)."""
+    """The requests of `before` (the drain's start), with their speed from `before` to `after`
+    (`elapsed` seconds later): the tokens between over the time between their stamps, or over
+    `elapsed` where there is no stamp; one gone from `after` has finished (nothing left)."""
     out = []
-    for rid, (generated, max_tokens) in before.items():
+    for rid, (generated, max_tokens, stamp) in before.items():
         if rid not in after:
             done = max_tokens if max_tokens is not None else generated or 0
             out.append(InFlight(done, done, None))
             continue
-        now, _ = after[rid]
+        now, _, now_stamp = after[rid]
         rate = None
-        if generated is not None and now is not None and now > generated and elapsed > 0:
-            rate = (now - generated) / elapsed
+        if generated is not None and now is not None and now > generated:
+            span = now_stamp - stamp if stamp and now_stamp and now_stamp > stamp else elapsed
+            rate = (now - generated) / span if span > 0 else None
         out.append(InFlight(now or 0, max_tokens, rate))
     return out
 

@@ -51,14 +51,27 @@ def test_nothing_in_flight():
 
 
 def test_speed_is_measured_between_the_two_samples():
-    before = {"a": (100, 512), "b": (10, 2000), "c": (5, 20), "d": (0, 600)}
-    after = {"a": (112, 512), "b": (22, 2000), "d": (0, 600)}  # c finished; d still waits
+    # no engine stamps (None): the tokens between over the time between the samples
+    before = {"a": (100, 512, None), "b": (10, 2000, None), "c": (5, 20, None), "d": (0, 600, None)}
+    after = {"a": (112, 512, None), "b": (22, 2000, None), "d": (0, 600, None)}  # c done; d waits
     reqs = df.in_flight(before, after, elapsed=1.0)
     assert reqs == [F(112, 512, 12.0), F(22, 2000, 12.0), F(20, 20, None), F(0, 600, None)]
     got = df.forecast(reqs, window_s=90, cut_at_s=88, elapsed=1.0)
     # a: 1 + 400/12 = 34 s; b: 1 + 1978/12 = 166 s (cut); c: done; d: 1 + 600/12 = 51 s
     assert got.cut == 1 and got.need_s == pytest.approx(1 + 1978 / 12) and got.unknown == 0
     assert got.tokens_left == 400 + 1978 + 0 + 600
+
+
+def test_speed_is_timed_by_the_engines_stamps_of_the_tokens_not_by_the_samples():
+    """9 tokens a second sampled 1 s apart: the clock alone sees 8 or 10 tokens depending on where
+    the samples fall (off by up to 1/8); the stamps of the first and last token give 9 exactly."""
+    before = {"a": (100, 512, 50.00), "b": (7, 512, 49.95)}
+    after = {"a": (108, 512, 50.8889), "b": (17, 512, 51.0611)}  # 8 and 10 tokens in the 1 s
+    got = df.in_flight(before, after, elapsed=1.0)
+    assert [round(r.rate, 2) for r in got] == [9.0, 9.0]
+    # a stamp that did not move (or none after) falls back to the samples' clock
+    got = df.in_flight({"a": (100, 512, 50.0)}, {"a": (110, 512, 50.0)}, elapsed=2.0)
+    assert got[0].rate == 5.0
 
 
 def test_samples_the_fields_of_vllms_own_request_state():
@@ -78,16 +91,18 @@ def test_samples_the_fields_of_vllms_own_request_state():
         if isinstance(t, ast.Attribute)
     }
     assert {"max_tokens_param", "stats"} <= assigned
-    assert "num_generation_tokens" in {f.name for f in dataclasses.fields(RequestStateStats)}
+    fields = {f.name for f in dataclasses.fields(RequestStateStats)}
+    assert {"num_generation_tokens", "last_token_ts"} <= fields
 
     stats = RequestStateStats(arrival_time=0.0)
     stats.num_generation_tokens = 101
+    stats.last_token_ts = 12.5
     states = {
         "r1": types.SimpleNamespace(max_tokens_param=512, stats=stats),
         # --disable-log-stats: no stats object, so no count; no max_tokens: unbounded
         "r2": types.SimpleNamespace(max_tokens_param=None, stats=None),
     }
-    assert df.sample(states) == {"r1": (101, 512), "r2": (None, None)}
+    assert df.sample(states) == {"r1": (101, 512, 12.5), "r2": (None, None, None)}
     got = df.in_flight(df.sample(states), df.sample(states), elapsed=1.0)
     assert got == [F(101, 512, None), F(0, None, None)]  # no token between: no speed
 

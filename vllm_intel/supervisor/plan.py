@@ -263,10 +263,19 @@ def _kv_gib(limits: Limits, work: Workload, mode: str, yours: dict) -> int | Non
                 f"(docker run --memory, compose mem_limit, k8s limits.memory) to at least "
                 f"{math.ceil((int(value) * GiB + fixed) / GiB)} GiB"
             )
+        _check_context(
+            work,
+            int(value),
+            f"(VLLM_CPU_KVCACHE_SPACE={value})",
+            "set VLLM_CPU_KVCACHE_SPACE={need}",
+        )
         return None
     if mode == "0":
         return None
     if mem is None:
+        _check_context(
+            work, KV_DEFAULT_GIB, "(no memory limit)", "set VLLM_CPU_KVCACHE_SPACE={need}"
+        )
         return KV_DEFAULT_GIB
     kv = math.floor((mem * (1 - MEMORY_HEADROOM) - fixed) / GiB)
     if kv < 1:
@@ -276,4 +285,27 @@ def _kv_gib(limits: Limits, work: Workload, mode: str, yours: dict) -> int | Non
             f"+ {MEMORY_HEADROOM:.0%} headroom: raise the memory limit (docker run "
             f"--memory, compose mem_limit, k8s limits.memory) to at least {least} GiB"
         )
+    ctx = work.context
+    if ctx is not None:
+        least = math.ceil(least_memory(work, ctx.kv_gib_needed()) / GiB)
+        _check_context(
+            work, kv, f"(from memory.max {mem / GiB:.1f} GiB)",
+            "raise the memory limit (docker run --memory, compose mem_limit, k8s limits.memory) "
+            f"to at least {least} GiB (a {{need}} GiB KV cache)",
+        )  # fmt: skip
     return kv
+
+
+def _check_context(work: Workload, kv_gib: int, whose: str, fix: str) -> None:
+    """vLLM's refusal to start when its KV cache cannot hold one request of the model's whole
+    context, said before anything starts (context.py: only where vLLM surely refuses)."""
+    ctx = work.context
+    if ctx is None or ctx.needed <= kv_gib * GiB:
+        return
+    fits = ctx.fitting(kv_gib * GiB)
+    shorter = f"pass --max-model-len {fits} or less, or " if fits else ""
+    raise ConfigError(
+        f"the model's {ctx.tokens}-token context ({ctx.source}) needs a {ctx.needed / GiB:.1f} GiB "
+        f"KV cache for one request ({ctx.shape()}); the KV cache is {kv_gib} GiB {whose}: "
+        f"{shorter}{fix.format(need=ctx.kv_gib_needed())}"
+    )

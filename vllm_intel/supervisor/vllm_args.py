@@ -36,6 +36,9 @@ What the supervisor relies on, and why:
                         workers: the CPU plan's threads and the /dev/shm vLLM's queues need
   revision, download-dir
                         what `prefetch` downloads and where, the download progress logged
+  max-model-len, kv-cache-dtype, hf-overrides, hf-config-path, kv-cache-memory-bytes
+                        the KV cache one request of the whole context needs (context.py);
+                        the last three: not known before vLLM starts, so not checked
 """
 
 from __future__ import annotations
@@ -71,6 +74,11 @@ FLAGS = {
     "pipeline_parallel_size": (("--pipeline-parallel-size", "-pp"), True),
     "revision": (("--revision",), True),
     "download_dir": (("--download-dir",), True),
+    "max_model_len": (("--max-model-len",), True),
+    "kv_cache_dtype": (("--kv-cache-dtype",), True),
+    "hf_overrides": (("--hf-overrides",), True),
+    "hf_config_path": (("--hf-config-path",), True),
+    "kv_cache_memory_bytes": (("--kv-cache-memory-bytes",), True),
 }
 INTS = (
     "port",
@@ -90,6 +98,8 @@ BOUNDS = {
     "tensor_parallel_size": (None, MAX_PARALLEL),  # < 1: resources.parallel says so
     "pipeline_parallel_size": (None, MAX_PARALLEL),
 }
+# Read only for being given (context.py: the KV cache cannot be known before vLLM starts).
+PRESENCE_ONLY = ("hf_overrides", "hf_config_path", "kv_cache_memory_bytes")
 # Never on the command line: every process of the host can read /proc/PID/cmdline.
 SECRET_FLAGS = {"--hf-token": "HF_TOKEN"}
 OPTION_TO_DEST = {opt: dest for dest, (opts, _) in FLAGS.items() for opt in opts}
@@ -116,6 +126,11 @@ class VllmArgs:
     pipeline_parallel_size: int | None = None
     revision: str | None = None
     download_dir: str | None = None
+    max_model_len: str | None = None  # as given: vLLM reads 4k, 4K, auto (context.py)
+    kv_cache_dtype: str | None = None
+    hf_overrides: str | None = None
+    hf_config_path: str | None = None
+    kv_cache_memory_bytes: str | None = None
     config: str | None = None
     # dest -> "the command line" or "the config file FILE": said in logs and errors
     source: dict[str, str] = field(default_factory=dict)
@@ -235,7 +250,10 @@ def load_config_file(path: str) -> list[str]:
 
 def _check_file_value(path: str, key: str, dest: str, value) -> None:
     """A flag the supervisor reads has one scalar value in the file: `port: [1, 2]` would be
-    `--port 1 2` (vLLM's argparse error, or port 1 with a stray `2`)."""
+    `--port 1 2` (vLLM's argparse error, or port 1 with a stray `2`). Flags read only for being
+    there take any value vLLM takes (--hf-overrides: a mapping)."""
+    if dest in PRESENCE_ONLY:
+        return
     takes_value = FLAGS[dest][1]
     if not takes_value:
         if not isinstance(value, bool):

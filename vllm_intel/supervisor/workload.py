@@ -1,6 +1,7 @@
 """What vLLM will need of the container for `vllm serve [MODEL] FLAGS`, before it starts: its
-workers (TP x PP), its shared-memory segments and the size of a local model's weights; and the
-/dev/shm preflight that fails in one line instead of a SIGBUS later.
+workers (TP x PP), its shared-memory segments, the size of a local model's weights and the KV
+cache one request of its context takes (context.py); and the /dev/shm preflight that fails in one
+line instead of a SIGBUS later.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 
+from .context import Context, context
 from .errors import ConfigError, shown
 from .limits import GiB, MiB
 from .paths import path_exists, user_path
@@ -39,6 +41,7 @@ class Workload:
     pp: int
     shm_needed: int  # bytes of /dev/shm its message queues end up using
     weights: int | None  # bytes of a local model's weight files; None: not a local directory
+    context: Context | None = None  # one request of the whole context; None: not known here
 
     @property
     def workers(self) -> int:
@@ -49,7 +52,8 @@ def workload(flags: list[str], model: str | None, env=os.environ) -> Workload:
     """Read once: it may read a --config file and walk the model directory."""
     tp, pp = parallel(flags)
     shm = sum(size for _, size in _segments(flags, tp, pp, env))
-    return Workload(tp, pp, shm, weights_bytes(model))
+    weights = weights_bytes(model)  # first: its errors name an unreadable model directory
+    return Workload(tp, pp, shm, weights, context(resolve(flags), model))
 
 
 def ring_buffer_bytes(chunk: int, chunks: int, readers: int) -> int:

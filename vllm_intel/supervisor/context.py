@@ -1,0 +1,166 @@
+"""The KV cache one request of the model's whole context needs, before vLLM starts.
+
+vLLM refuses to start when its KV cache cannot hold one request of `max_model_len` tokens
+(vllm/v1/core/kv_cache_utils.py, check_enough_kv_cache_memory), but only after it has loaded the
+weights and profiled the model: 35 s and a traceback for a 1 B model on 2 cores. A Llama-3.2-1B
+config has a 131072-token context, 4 GiB of KV cache for one request; the CPU plan's 1 GiB cannot
+hold it. The supervisor says so in one line before anything starts, with the `--max-model-len`
+that fits.
+
+It must never refuse what vLLM would start, so every number here is a lower bound of vLLM's, and
+where one cannot be had (another architecture, sliding windows, overrides) nothing is checked:
+- the context: `--max-model-len` as given; else the smallest of the config's length keys and the
+  tokenizer's model_max_length, as vLLM derives it (vllm/config/model.py, _get_and_verify_max_len),
+  without RoPE scaling factors, which only raise it;
+- per token: K and V of every full-attention layer, 2 bytes each (1 with an fp8 KV cache), the
+  KV heads a worker holds under tensor parallelism and the layers under pipeline parallelism
+  rounded down; vLLM's block rounding and the block it holds back only add to it.
+tests/supervisor/test_context.py holds the bound against vLLM's own check on its real classes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+from .limits import GiB
+from .paths import path_exists, user_path
+from .vllm_args import PRESENCE_ONLY
+
+# Decoder-only models whose every layer attends to the whole context (unless their config says
+# otherwise: sliding windows and layer types are checked below).
+FULL_ATTENTION = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+# vllm/transformers_utils/model_arch_config_convertor.py, derive_max_model_len_and_key
+LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+MAX_CONFIG_BYTES = 1 << 20
+ROUND = 1024  # the --max-model-len suggested is a multiple of it (of 16 below it)
+
+
+@dataclass(frozen=True)
+class Context:
+    tokens: int  # max_model_len (a lower bound of vLLM's)
+    source: str  # where it comes from, for the error line
+    layers: int  # per worker
+    kv_heads: int  # per worker
+    head_dim: int
+    dtype_bytes: int
+
+    @property
+    def per_token(self) -> int:
+        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def needed(self) -> int:
+        return self.tokens * self.per_token
+
+    def shape(self) -> str:
+        return (
+            f"{self.per_token / 1024:g} KiB/token: {self.layers} layers x {self.kv_heads} KV heads "
+            f"x {self.head_dim} x K,V x {self.dtype_bytes} B"
+        )
+
+    def fitting(self, kv_bytes: int) -> int:
+        """The longest context a KV cache of `kv_bytes` surely holds (0: none), leaving vLLM a
+        block of up to 128 tokens it holds back."""
+        tokens = kv_bytes // self.per_token - 128
+        step = ROUND if tokens >= ROUND else 16
+        return max(0, tokens // step * step)
+
+    def kv_gib_needed(self) -> int:
+        """Whole GiB of KV cache that hold one request, with the block vLLM holds back."""
+        return math.ceil((self.needed + 128 * self.per_token) / GiB)
+
+
+def max_model_len(value: str | None) -> int | None:
+    """vLLM's --max-model-len (human_readable_int_or_auto: 4096, 4k, 4K, 25.6k); None: not given,
+    `auto` / -1 (vLLM fits it to the memory) or what vLLM would refuse itself."""
+    if value is None:
+        return None
+    m = re.fullmatch(r"(\d{1,12})(?:\.(\d{1,6}))?([kKmMgGtT]?)", value.strip())
+    if not m:
+        return None
+    whole, frac, suffix = m.groups()
+    if not suffix:
+        return None if frac else int(whole)
+    if suffix.isupper():  # binary multipliers take no decimals
+        return None if frac else int(whole) * 1024 ** ("KMGT".index(suffix) + 1)
+    return int(float(f"{whole}.{frac or 0}") * 1000 ** ("kmgt".index(suffix) + 1))
+
+
+def context(found, model: str | None) -> Context | None:
+    """The context of `vllm serve` with the flags `found` (vllm_args.resolve) on `model`, or None
+    where it cannot be known for sure (see the module's docstring)."""
+    if not model or any(getattr(found, dest) is not None for dest in PRESENCE_ONLY):
+        return None
+    path = user_path("model path", model)
+    if not path_exists("model path", path) or not path.is_dir():
+        return None  # a hub id: its config is read by vLLM, not here
+    cfg = _json(path / "config.json")
+    if cfg is None or cfg.get("model_type") not in FULL_ATTENTION:
+        return None
+    if cfg.get("use_sliding_window") or (
+        "use_sliding_window" not in cfg and cfg.get("sliding_window") is not None
+    ):
+        return None
+    if any(t != "full_attention" for t in cfg.get("layer_types") or []):
+        return None
+    ints = [cfg.get(k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size")]
+    if not all(_positive(v) for v in ints):
+        return None
+    layers, heads, hidden = ints
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    if not (_positive(kv_heads) and _positive(head_dim)):
+        return None
+    tp = found.tensor_parallel_size or 1
+    pp = found.pipeline_parallel_size or 1
+    given = max_model_len(found.max_model_len)
+    if given is not None:
+        tokens, source = given, "--max-model-len"
+    elif found.max_model_len is not None:
+        return None  # auto, or a value vLLM refuses itself
+    else:
+        lengths = {k: cfg[k] for k in LENGTH_KEYS if _positive(cfg.get(k))}
+        if "max_position_embeddings" not in lengths:
+            return None  # transformers' class default would apply, not known here
+        key = min(lengths, key=lengths.get)
+        tokens, source = lengths[key], f"config.json {key}"
+        tok = _json(path / "tokenizer_config.json") or {}
+        if _positive(tok.get("model_max_length")) and tok["model_max_length"] < tokens:
+            tokens, source = int(tok["model_max_length"]), "tokenizer_config.json model_max_length"
+    fp8 = "fp8" in (found.kv_cache_dtype or "")
+    return Context(
+        tokens=tokens,
+        source=source,
+        layers=layers // pp,
+        kv_heads=max(1, kv_heads // tp),
+        head_dim=head_dim,
+        dtype_bytes=1 if fp8 else 2,
+    )
+
+
+def _positive(value) -> bool:
+    return type(value) is int and value > 0
+
+
+def _json(path) -> dict | None:
+    """A small JSON object file, or None (absent, unreadable, too big, not an object)."""
+    try:
+        if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
+            return None
+        data = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
