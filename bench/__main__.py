@@ -138,6 +138,12 @@ def main(argv: list[str]) -> int:
         help="section limits: start the arms this many times (fresh containers, rotated start "
         "order), the rounds split between the starts",
     )
+    p.add_argument(
+        "--real-shapes",
+        default=None,
+        help="section real: comma-separated shapes of tools/build_model.py (default "
+        "qwen2.5-0.5b,llama-3.2-1b; --quick: qwen2.5-0.5b)",
+    )
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -161,9 +167,10 @@ def main(argv: list[str]) -> int:
         t = time.monotonic()
         try:
             module = importlib.import_module(f"bench.{name}")
-            extra = (
-                {"arms": args.limits_arms, "starts": args.limits_starts} if name == "limits" else {}
-            )
+            extra = {
+                "limits": {"arms": args.limits_arms, "starts": args.limits_starts},
+                "real": {"shapes": args.real_shapes},
+            }.get(name, {})
             rows += module.run(args.repeat, args.quick, **extra)
             done.append(name)
         except Exception as e:  # a broken section must not cost the others' results

@@ -10,7 +10,8 @@ vLLM's default mode (torch.compile), alternated ours / bare.
   finished with every token. Ours with the default drain (timing.DEFAULT_DRAIN_S); our
   forecast's "the slowest needs N s" beside the real time of the last stream.
 
-Shapes: qwen2.5-0.5b; llama-3.2-1b as well unless --quick. Each drain run is a start of its own.
+Shapes: qwen2.5-0.5b; llama-3.2-1b as well unless --quick (`--real-shapes` chooses). Each drain
+run is a start of its own.
 """
 
 from __future__ import annotations
@@ -120,9 +121,10 @@ def drain(kind: str, shape: str, path, caches, tokens: int, label: str) -> dict:
         stop(s)
 
 
-def run(repeat: int, quick: bool) -> list[Row]:
+def run(repeat: int, quick: bool, shapes: str | None = None) -> list[Row]:
     rows: list[Row] = []
-    for shape in SHAPES_QUICK if quick else SHAPES:
+    chosen = [s.strip() for s in shapes.split(",") if s.strip()] if shapes else None
+    for shape in chosen or (SHAPES_QUICK if quick else SHAPES):
         path = model(shape)
         got: dict[tuple, list[dict]] = {}
         for rep in range(repeat):

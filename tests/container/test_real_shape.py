@@ -118,7 +118,7 @@ def test_at_the_memory_plans_edge_it_serves_a_full_step_and_the_drain_finishes_f
     assert forecast, logs[-4000:]
     in_flight, need, window, cut = map(int, forecast.group("in_flight", "need", "window", "cut"))
     assert (in_flight, window, cut) == (4, timing.DEFAULT_DRAIN_S, 0), forecast.group(0)
-    # The forecast is the drain's real length: never short by more than a few seconds (it would
-    # say "all finish" of answers that get cut), long by less than 40 % (the speed is taken in the
-    # drain's first second, slower than the rest: docs/bench.md, "memory at the plan's edge").
-    assert -max(5, 0.25 * last) < need - last < max(5, 0.4 * last), (need, last)
+    # The forecast is the drain's real length within a quarter either way (measured: 2-15 % long
+    # since the speeds are timed by the engine's token stamps, 15-34 % before: docs/bench.md,
+    # "memory at the plan's edge"); short, it would say "all finish" of answers that get cut.
+    assert abs(need - last) < max(5, 0.25 * last), (need, last)
