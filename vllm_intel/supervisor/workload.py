@@ -50,10 +50,11 @@ class Workload:
 
 def workload(flags: list[str], model: str | None, env=os.environ) -> Workload:
     """Read once: it may read a --config file and walk the model directory."""
-    tp, pp = parallel(flags)
+    found = resolve(flags)  # once: a --config file is read here
+    tp, pp = _sizes(found)
     shm = sum(size for _, size in _segments(flags, tp, pp, env))
     weights = weights_bytes(model)  # first: its errors name an unreadable model directory
-    return Workload(tp, pp, shm, weights, context(resolve(flags), model))
+    return Workload(tp, pp, shm, weights, context(found, model))
 
 
 def ring_buffer_bytes(chunk: int, chunks: int, readers: int) -> int:
@@ -64,8 +65,10 @@ def ring_buffer_bytes(chunk: int, chunks: int, readers: int) -> int:
 def parallel(flags: list[str]) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes of `vllm serve FLAGS`, from the command line or its
     --config file as vLLM resolves them (vllm_args)."""
+    return _sizes(resolve(flags))
 
-    found = resolve(flags)
+
+def _sizes(found) -> tuple[int, int]:
     sizes = []
     for name, value in (
         ("--tensor-parallel-size", found.tensor_parallel_size),
