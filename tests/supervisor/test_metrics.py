@@ -136,6 +136,9 @@ def test_a_second_signal_ends_the_linger_at_once(run):
             "INTEL_VLLM_PROBE_PORT": str(port),
             "INTEL_VLLM_METRICS_LINGER_S": "5",
             "FAKE_RUNNING": "2",  # requests in flight: the drain is worth a last scrape
+            # A drain the observer can sample (it polls every tick): one that ends at once is
+            # over before the first sample, counts nothing in flight, and has no linger.
+            "FAKE_DRAIN": "1",
         }
     )
     r.wait_for(lambda: r.state() == "SERVING")
