@@ -20,7 +20,7 @@ from vllm_intel.supervisor import plan as pl
 from vllm_intel.supervisor.errors import ConfigError
 from vllm_intel.supervisor.limits import GiB, Limits
 from vllm_intel.supervisor.vllm_args import resolve
-from vllm_intel.supervisor.workload import workload
+from vllm_intel.supervisor.workload import model_dir, workload
 
 sys.path.insert(0, str(ROOT / "tools"))
 import build_model  # noqa: E402
@@ -145,7 +145,9 @@ def test_refuses_only_what_vllm_refuses_and_suggests_a_length_vllm_starts_with(t
     for case, said, (length, refused) in zip(cases, ours, got):
         if said:  # never one vLLM would have started
             assert refused and "KV cache is needed" in refused, (case, said)
-        assert length >= cx.context(resolve([case[0], *case[1]]), case[0]).tokens  # a lower bound
+        assert (
+            length >= cx.context(resolve([case[0], *case[1]]), model_dir(case[0])).tokens
+        )  # a lower bound
     for case, (length, refused) in zip(suggested, got[len(cases) :]):
         assert refused is None, (case, refused)
 
@@ -189,21 +191,23 @@ def test_nothing_is_checked_where_the_need_is_not_known_for_sure(tmp_path, overr
 
 
 def test_not_a_local_model_or_not_a_known_architecture(tmp_path):
-    assert cx.context(resolve(["org/model"]), "org/model") is None
+    assert cx.context(resolve(["org/model"]), model_dir("org/model")) is None
     other = tmp_path / "m"
     other.mkdir()
     (other / "config.json").write_text(json.dumps({"model_type": "gemma3", "num_hidden_layers": 2}))
-    assert cx.context(resolve([str(other)]), str(other)) is None
+    assert cx.context(resolve([str(other)]), model_dir(str(other))) is None
     (other / "config.json").write_text("[1, 2]")  # not an object: not read
-    assert cx.context(resolve([str(other)]), str(other)) is None
+    assert cx.context(resolve([str(other)]), model_dir(str(other))) is None
 
 
 def test_parallel_workers_hold_a_share_of_the_heads_and_layers(tmp_path):
     llama = shape_dir(tmp_path, "llama-3.2-1b")
-    one = cx.context(resolve([llama]), llama)
-    tp = cx.context(resolve([llama, "-tp", "2"]), llama)
-    pp = cx.context(resolve([llama, "--pipeline-parallel-size", "3"]), llama)
-    many = cx.context(resolve([llama, "-tp", "16"]), llama)  # 8 KV heads: replicated, 1 each
+    one = cx.context(resolve([llama]), model_dir(llama))
+    tp = cx.context(resolve([llama, "-tp", "2"]), model_dir(llama))
+    pp = cx.context(resolve([llama, "--pipeline-parallel-size", "3"]), model_dir(llama))
+    many = cx.context(
+        resolve([llama, "-tp", "16"]), model_dir(llama)
+    )  # 8 KV heads: replicated, 1 each
     assert (one.per_token, tp.per_token) == (32 * 1024, 16 * 1024)
     assert pp.layers == 5 and many.kv_heads == 1
 

@@ -24,9 +24,9 @@ import json
 import math
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from .limits import GiB
-from .paths import path_exists, user_path
 from .vllm_args import PRESENCE_ONLY
 
 # Decoder-only models whose every layer attends to the whole context (unless their config says
@@ -99,14 +99,12 @@ def max_model_len(value: str | None) -> int | None:
     return int(float(f"{whole}.{frac or 0}") * 1000 ** ("kmgt".index(suffix) + 1))
 
 
-def context(found, model: str | None) -> Context | None:
-    """The context of `vllm serve` with the flags `found` (vllm_args.resolve) on `model`, or None
-    where it cannot be known for sure (see the module's docstring)."""
-    if not model or any(getattr(found, dest) is not None for dest in PRESENCE_ONLY):
+def context(found, path: Path | None) -> Context | None:
+    """The context of `vllm serve` with the flags `found` (vllm_args.resolve) on the local model
+    directory `path` (None: a hub id, whose config vLLM reads, not this), or None where it cannot
+    be known for sure (see the module's docstring)."""
+    if path is None or any(getattr(found, dest) is not None for dest in PRESENCE_ONLY):
         return None
-    path = user_path("model path", model)
-    if not path_exists("model path", path) or not path.is_dir():
-        return None  # a hub id: its config is read by vLLM, not here
     cfg = _json(path / "config.json")
     if cfg is None or cfg.get("model_type") not in FULL_ATTENTION:
         return None

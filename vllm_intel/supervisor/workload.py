@@ -53,8 +53,9 @@ def workload(flags: list[str], model: str | None, env=os.environ) -> Workload:
     found = resolve(flags)  # once: a --config file is read here
     tp, pp = _sizes(found)
     shm = sum(size for _, size in _segments(flags, tp, pp, env))
-    weights = weights_bytes(model)  # first: its errors name an unreadable model directory
-    return Workload(tp, pp, shm, weights, context(found, model))
+    local = model_dir(model)  # once: the weights and the context read the same directory
+    weights = weights_in(local, model)  # first: its errors name an unreadable model directory
+    return Workload(tp, pp, shm, weights, context(found, local))
 
 
 def ring_buffer_bytes(chunk: int, chunks: int, readers: int) -> int:
@@ -111,14 +112,23 @@ def _segments(flags: list[str], tp: int, pp: int, env) -> list[tuple[str, int]]:
 MAX_MODEL_ENTRIES = 100_000  # a model directory holds tens of files; `/` holds millions
 
 
-def weights_bytes(model: str | None) -> int | None:
-    """Size of a local model's weight files; None when the model is not a local directory.
-    Raises ConfigError for a directory it cannot read through, or one too big to be a model."""
-
+def model_dir(model: str | None) -> pathlib.Path | None:
+    """The model's local directory; None for a hub id (or no model)."""
     if not model:
         return None
     path = user_path("model path", model)
-    if not path_exists("model path", path) or not path.is_dir():
+    return path if path_exists("model path", path) and path.is_dir() else None
+
+
+def weights_bytes(model: str | None) -> int | None:
+    """Size of a local model's weight files; None when the model is not a local directory."""
+    return weights_in(model_dir(model), model)
+
+
+def weights_in(path: pathlib.Path | None, model: str | None) -> int | None:
+    """Size of the weight files under `path` (the directory of `model`, as the user wrote it).
+    Raises ConfigError for a directory it cannot read through, or one too big to be a model."""
+    if path is None:
         return None
     exts = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 
