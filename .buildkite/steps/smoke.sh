@@ -3,6 +3,9 @@
 # `docker stop` (must drain and exit 0 within the grace period), then start the SAME container
 # again (same device, same /dev/shm) and do it all a second time. Every wait has a deadline: a
 # hang fails the step instead of eating the job's timeout. Called by cpu.sh and xpu.sh.
+# INTEL_VLLM_CACHE (optional, as compose's): a Docker volume name or a host directory (owned by
+# uid 10001) for the compile caches at /home/vllm/.cache. Set on an agent, the jobs after the
+# first one find the release's compiled graphs and kernels there and start warm.
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 use_engine
@@ -12,7 +15,9 @@ drain=${INTEL_VLLM_DRAIN_TIMEOUT:-30}
 # The grace period from the image's own entrypoint, for the same drain and device.
 grace=$("$DOCKER" run --rm -e INTEL_VLLM_DRAIN_TIMEOUT="$drain" "$@" "$image" grace-period)
 
-cid=$("$DOCKER" run -d --label "$RUN_LABEL" --shm-size 2g -p 127.0.0.1::8000 \
+cache=()
+if [ -n "${INTEL_VLLM_CACHE:-}" ]; then cache=(-v "$INTEL_VLLM_CACHE:/home/vllm/.cache"); fi
+cid=$("$DOCKER" run -d --label "$RUN_LABEL" --shm-size 2g -p 127.0.0.1::8000 "${cache[@]}" \
       -e INTEL_VLLM_DRAIN_TIMEOUT="$drain" "$@" "$image")
 trap '"$DOCKER" rm -f "$cid" >/dev/null 2>&1 || true' EXIT
 trap 'exit 130' INT TERM

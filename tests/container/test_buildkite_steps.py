@@ -68,7 +68,7 @@ def image_secrets(images: list[str], canary: bytes) -> list[str]:
     return found
 
 
-def test_cpu_step_runs_to_the_end_and_bakes_no_secret(cpu_image):
+def test_cpu_step_runs_to_the_end_and_bakes_no_secret(cpu_image, compile_cache):
     """Env files beside the checkout (where the docs put hf.env with HF_TOKEN) reach no layer of
     the images the step builds: two canary files are planted in the build context first."""
     cpu_image()  # built (and its build log read) once for the whole session
@@ -82,6 +82,7 @@ def test_cpu_step_runs_to_the_end_and_bakes_no_secret(cpu_image):
             1800,
             HOST_TESTS="0",
             IN_IMAGE_ARGS="-q tests/supervisor/test_units.py tests/patches/test_framework.py",
+            INTEL_VLLM_CACHE=str(compile_cache),
         )
     finally:
         for path in planted:
@@ -91,6 +92,9 @@ def test_cpu_step_runs_to_the_end_and_bakes_no_secret(cpu_image):
     assert image_secrets(images, token.encode()) == [], images
     assert " passed" in r.stdout and "smoke: vllm-intel:cpu-" in r.stdout, r.stdout[-3000:]
     assert "passed (serve, request, stop, restart, request, stop)" in r.stdout
+    # The smoke containers' compile caches went to INTEL_VLLM_CACHE: graphs for the next users.
+    kernels = compile_cache / "vllm-intel" / "torchinductor"
+    assert any(kernels.rglob("*.so")), sorted(compile_cache.rglob("*"))[:20]
     scripts_run.ran(".buildkite/steps/cpu.sh", ".buildkite/steps/smoke.sh", *LIB)
 
 
@@ -125,7 +129,7 @@ def test_gpu_step_without_a_gpu_says_so():
     scripts_run.ran(".buildkite/steps/xpu.sh")
 
 
-def test_soak_step_three_cycles(cpu_image):
+def test_soak_step_three_cycles(cpu_image, compile_cache):  # the soak's run shares the cache
     cpu_image()
     r = step("soak.sh", 1200, CYCLES="3")
     assert r.returncode == 0, r.stdout[-6000:]

@@ -83,10 +83,14 @@ def segments(host_shm: pathlib.Path) -> tuple[int, int]:
     return len(files), sum(f.stat().st_size for f in files)
 
 
-def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_shm):
+def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_shm, compile_cache):
     host_shm, override = persistent_shm
     c = compose_project(cpu_image(DEFAULT_VLLM), overrides=(override,))
+    c.env["INTEL_VLLM_CACHE"] = str(compile_cache)  # cycles, not a cold start, are tested here
+    warm = any((compile_cache / "vllm-intel" / "torchinductor").rglob("*.so"))
     c("up", "-d", "--wait", timeout=900)
+    if warm:  # an earlier container of the run compiled the same graphs into the shared cache
+        assert "compile cache hit" in c("logs", "--no-color").stdout, c.logs()
     cid = c.container()
     model = c.served_model()
     seen, crashes_recovered, drained, streams_done = [], 0, 0, 0
