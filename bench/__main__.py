@@ -144,6 +144,12 @@ def main(argv: list[str]) -> int:
         help="section real: comma-separated shapes of tools/build_model.py (default "
         "qwen2.5-0.5b,llama-3.2-1b; --quick: qwen2.5-0.5b)",
     )
+    p.add_argument(
+        "--real-drains",
+        default=None,
+        help="section real: comma-separated answer lengths of the drain runs (default "
+        "256,512,1024); the speeds run stays, it makes the drain runs' starts warm",
+    )
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -169,7 +175,7 @@ def main(argv: list[str]) -> int:
             module = importlib.import_module(f"bench.{name}")
             extra = {
                 "limits": {"arms": args.limits_arms, "starts": args.limits_starts},
-                "real": {"shapes": args.real_shapes},
+                "real": {"shapes": args.real_shapes, "drains": args.real_drains},
             }.get(name, {})
             rows += module.run(args.repeat, args.quick, **extra)
             done.append(name)

@@ -121,9 +121,12 @@ def drain(kind: str, shape: str, path, caches, tokens: int, label: str) -> dict:
         stop(s)
 
 
-def run(repeat: int, quick: bool, shapes: str | None = None) -> list[Row]:
+def run(
+    repeat: int, quick: bool, shapes: str | None = None, drains: str | None = None
+) -> list[Row]:
     rows: list[Row] = []
     chosen = [s.strip() for s in shapes.split(",") if s.strip()] if shapes else None
+    lengths = tuple(int(t) for t in drains.split(",") if t.strip()) if drains else DRAIN_TOKENS
     for shape in chosen or (SHAPES_QUICK if quick else SHAPES):
         path = model(shape)
         got: dict[tuple, list[dict]] = {}
@@ -134,12 +137,12 @@ def run(repeat: int, quick: bool, shapes: str | None = None) -> list[Row]:
                     got.setdefault((kind, "speeds"), []).append(
                         _safe(speeds, kind, shape, path, caches, str(rep))
                     )
-                for tokens in DRAIN_TOKENS:
+                for tokens in lengths:
                     for kind in ("ours", "bare"):
                         got.setdefault((kind, tokens), []).append(
                             _safe(drain, kind, shape, path, caches, tokens, str(rep))
                         )
-        rows += _rows(shape, got)
+        rows += _rows(shape, got, lengths)
     return rows
 
 
@@ -150,12 +153,12 @@ def _safe(fn, *args) -> dict:
         return {"error": f"{type(e).__name__}: {e}"[:200]}
 
 
-def _rows(shape: str, got: dict) -> list[Row]:
+def _rows(shape: str, got: dict, lengths: tuple[int, ...] = DRAIN_TOKENS) -> list[Row]:
     def col(kind, key, what="speeds"):
         return [r.get(key, "error") for r in got[(kind, what)]]
 
     rows = []
-    warm = {k: [r.get("ready_warm_s", "error") for t in DRAIN_TOKENS for r in got[(k, t)]]
+    warm = {k: [r.get("ready_warm_s", "error") for t in lengths for r in got[(k, t)]]
             for k in ("ours", "bare")}  # fmt: skip
     for figure, key, unit in (("ready, cold (compiles)", "ready_cold_s", "s"),
                               ("time to first token, 1 stream", "ttft_s", "s"),
@@ -163,7 +166,7 @@ def _rows(shape: str, got: dict) -> list[Row]:
                                 for n in STREAMS)):  # fmt: skip
         rows.append(Row("real", f"{shape}: {figure}", unit, col("ours", key), col("bare", key)))
     rows.append(Row("real", f"{shape}: ready, warm", "s", warm["ours"], warm["bare"]))
-    for tokens in DRAIN_TOKENS:
+    for tokens in lengths:
         ours, bare = got[("ours", tokens)], got[("bare", tokens)]
         rows.append(
             Row(

@@ -80,7 +80,7 @@ def cpu_image(docker_host):
 def compile_cache(docker_host):
     """One host directory of compile caches (compose's and smoke.sh's INTEL_VLLM_CACHE) shared by
     the default release's containers that do not test a cold start: the first of them compiles,
-    the next ones start warm (~30 s less each on 2 cores: 61 s cold, 31 s warm to healthy).
+    the next ones start warm (what that saves: docs/bench.md, "`make test` from nothing").
     The pytest run a Buildkite step starts (soak.sh: `make soak`) inherits it through the
     environment."""
     inherited = os.environ.get(COMPILE_CACHE_ENV)
