@@ -101,6 +101,12 @@ def compile_cache(docker_host):
 COMPILE_CACHE_ENV = "VLLM_INTEL_TEST_COMPILE_CACHE"
 
 
+def holds_kernels(cache: pathlib.Path) -> bool:
+    """A container compiled into this cache directory: torch inductor's built kernels are there
+    (the image's TORCHINDUCTOR_CACHE_DIR is under it)."""
+    return any((cache / "vllm-intel" / "torchinductor").rglob("*.so"))
+
+
 class Compose:
     """One compose project (unique name and port) running the CPU service of one image."""
 

@@ -25,6 +25,8 @@ import pytest
 from tests.harness import DEFAULT_VLLM, ROOT, Streams, docker
 from vllm_intel.supervisor import timing
 
+from .conftest import holds_kernels
+
 pytestmark = [pytest.mark.docker, pytest.mark.soak]
 
 CYCLES = int(os.environ.get("CYCLES", "20"))
@@ -87,7 +89,7 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_
     host_shm, override = persistent_shm
     c = compose_project(cpu_image(DEFAULT_VLLM), overrides=(override,))
     c.env["INTEL_VLLM_CACHE"] = str(compile_cache)  # cycles, not a cold start, are tested here
-    warm = any((compile_cache / "vllm-intel" / "torchinductor").rglob("*.so"))
+    warm = holds_kernels(compile_cache)
     c("up", "-d", "--wait", timeout=900)
     if warm:  # an earlier container of the run compiled the same graphs into the shared cache
         assert "compile cache hit" in c("logs", "--no-color").stdout, c.logs()

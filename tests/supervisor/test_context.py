@@ -145,9 +145,8 @@ def test_refuses_only_what_vllm_refuses_and_suggests_a_length_vllm_starts_with(t
     for case, said, (length, refused) in zip(cases, ours, got):
         if said:  # never one vLLM would have started
             assert refused and "KV cache is needed" in refused, (case, said)
-        assert (
-            length >= cx.context(resolve([case[0], *case[1]]), model_dir(case[0])).tokens
-        )  # a lower bound
+        ctx = cx.context(resolve([case[0], *case[1]]), model_dir(case[0]))
+        assert length >= ctx.tokens  # a lower bound
     for case, (length, refused) in zip(suggested, got[len(cases) :]):
         assert refused is None, (case, refused)
 
@@ -205,9 +204,8 @@ def test_parallel_workers_hold_a_share_of_the_heads_and_layers(tmp_path):
     one = cx.context(resolve([llama]), model_dir(llama))
     tp = cx.context(resolve([llama, "-tp", "2"]), model_dir(llama))
     pp = cx.context(resolve([llama, "--pipeline-parallel-size", "3"]), model_dir(llama))
-    many = cx.context(
-        resolve([llama, "-tp", "16"]), model_dir(llama)
-    )  # 8 KV heads: replicated, 1 each
+    # 8 KV heads under 16-way tensor parallelism: replicated, 1 each
+    many = cx.context(resolve([llama, "-tp", "16"]), model_dir(llama))
     assert (one.per_token, tp.per_token) == (32 * 1024, 16 * 1024)
     assert pp.layers == 5 and many.kv_heads == 1
 
