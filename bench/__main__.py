@@ -139,6 +139,12 @@ def main(argv: list[str]) -> int:
         "order), the rounds split between the starts",
     )
     p.add_argument(
+        "--limits-shape",
+        default=None,
+        help="section limits: a shape of tools/build_model.py (e.g. qwen2.5-0.5b) served instead "
+        "of the built-in tiny model, with fewer tokens per round",
+    )
+    p.add_argument(
         "--real-shapes",
         default=None,
         help="section real: comma-separated shapes of tools/build_model.py (default "
@@ -174,7 +180,11 @@ def main(argv: list[str]) -> int:
         try:
             module = importlib.import_module(f"bench.{name}")
             extra = {
-                "limits": {"arms": args.limits_arms, "starts": args.limits_starts},
+                "limits": {
+                    "arms": args.limits_arms,
+                    "starts": args.limits_starts,
+                    "shape": args.limits_shape,
+                },
                 "real": {"shapes": args.real_shapes, "drains": args.real_drains},
             }.get(name, {})
             rows += module.run(args.repeat, args.quick, **extra)

@@ -26,6 +26,10 @@ second of the round (cgroup v2 `cpu.stat` usage_usec or v1 `cpuacct.usage`, read
 process in the container), and the share of CFS periods in which the quota ran out. Ratios per
 round: quota+plan / cpuset (goal >= 0.95) and quota+plan / quota-plan (goal >= 1: the plan is never
 slower than vLLM's defaults).
+`--limits-shape SHAPE` serves a real shape of tools/build_model.py instead of the built-in tiny
+model (mounted read-only, `--max-model-len 4096`): every arm's memory limit is the plan's edge for
+a 1 GiB KV cache on that model (plan.least_memory), and the rounds are REAL_LOADS, whose token
+counts make a round last about as long at a real model's speed on one CPU as LOADS do on the toy.
 Also per arm: time to ready, peak memory (cgroup) with the memory in use at the end split into
 anonymous memory and page cache (the cache of files the containers share is billed to the first
 that reads them), the CPU an idle server burns, and the threads of every process in it: where a
@@ -35,6 +39,7 @@ quota goes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -48,8 +53,9 @@ import time
 import psutil
 
 from tests.harness import Container
-from vllm_intel.supervisor import limits
+from vllm_intel.supervisor import limits, plan, workload
 
+from . import real
 from .common import RESULTS, Row, curl_batch, log, pair_ratios, record
 from .dockerutil import IMAGE, docker, engine
 
@@ -57,7 +63,8 @@ from .dockerutil import IMAGE, docker, engine
 # The plan-off arm is vLLM's thread choice with the same 1 GiB KV cache: with nothing set, vLLM
 # reserves 92 % of the node's memory (--gpu-memory-utilization) and cannot start next to another
 # server (seen: "Available memory on node 0 (18.15/21.84 GiB) ... is less than desired").
-COMMON = ["--shm-size", "1g", "--memory", "4g"]
+COMMON = ["--shm-size", "1g"]
+TINY_MEMORY = "4g"
 ARMS = {
     "quota+plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=pin"],
     "quota-plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=0", "-e", "VLLM_CPU_KVCACHE_SPACE=1"],
@@ -93,7 +100,34 @@ ARMS = {
 FOLLOWERS = ("cpuset", "cpuset-nobind", "cpuset-quota")  # arms moved to the pinned arm's CPU
 DEFAULT_ARMS = ["quota+plan", "quota-plan", "cpuset", "unpinned"]
 LOADS = {"1 stream": (1, 2048), "8 streams": (8, 1024)}
+# On one CPU a real shape writes tokens a hundred times slower than the toy (0.5B: ~6 tokens/s
+# for one stream): these keep a measurement to seconds, not minutes.
+REAL_LOADS = {"1 stream": (1, 64), "8 streams": (8, 32)}
 MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
+MOUNTED = "/models/m"  # where an arm sees a real shape, and the name it serves it under
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """What every arm serves, and the load it is measured with."""
+
+    model: str
+    docker_args: tuple[str, ...]
+    serve_args: tuple[str, ...]
+    loads: dict
+    label: str = ""  # prefixed to the rows' names ("" for the built-in model)
+
+
+def served(shape: str | None) -> Served:
+    if shape is None:
+        return Served(MODEL_IN_IMAGE, ("--memory", TINY_MEMORY), (), LOADS)
+    path = real.model(shape)
+    flags = list(real.FLAGS)
+    edge = f"{plan.least_memory(workload.workload(flags, str(path))) // 2**20}m"
+    mount = ("-v", f"{path}:{MOUNTED}:ro", "--memory", edge, "--memory-swap", edge)
+    return Served(MOUNTED, mount, (MOUNTED, *flags), REAL_LOADS, f"{shape}, ")
+
+
 # (cgroup v2 file, v1 controller and file): read from the host through the container's cgroup
 # path, so that reading them runs nothing in the container (a `docker exec` bills its cgroup).
 CPU_TIME = ("cpu.stat", "cpuacct", "cpuacct.usage")  # v2 usage_usec; v1 nanoseconds
@@ -106,10 +140,11 @@ FIELDS = {"tps": "tok_s", "cpu_ms": "cpu_ms", "cpu_per_s": "cpu_per_s", "throttl
 
 
 class Arm(Container):
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, what: Served):
+        self.kind, self.what = kind, what
         name = f"vllm-intel-bench-limits-{os.getpid()}-{kind.replace('+', 'p')}"
-        super().__init__(name, IMAGE, COMMON + ARMS[kind], ["serve", "--enforce-eager"])
+        args = COMMON + list(what.docker_args) + ARMS[kind]
+        super().__init__(name, IMAGE, args, ["serve", *what.serve_args, "--enforce-eager"])
         self.tmp = tempfile.mkdtemp(prefix="bench-limits-")
 
     def start(self) -> None:
@@ -190,7 +225,7 @@ class Arm(Container):
         the container used) and the share of CFS periods it was throttled in, for n concurrent
         streams of `tokens` each, one curl process per stream."""
         p0 = self.throttle()
-        got = curl_batch(self.url, MODEL_IN_IMAGE, self.tmp, n, tokens, self.cpu_s)
+        got = curl_batch(self.url, self.what.model, self.tmp, n, tokens, self.cpu_s)
         p1 = self.throttle()
         if not got["ok"]:
             raise RuntimeError(f"{self.kind}: a stream failed or came back short: {got}")
@@ -242,13 +277,15 @@ def follow_the_pin(arms: list[Arm]) -> None:
             log(f"{kind} arm: CPU {have} -> {want} (where the pinned arm is)")
 
 
-def run(repeat: int, quick: bool, arms: str | None = None, starts: int = 1) -> list[Row]:
+def run(
+    repeat: int, quick: bool, arms: str | None = None, starts: int = 1, shape: str | None = None
+) -> list[Row]:
     """`arms`: comma-separated kinds of ARMS to run (default DEFAULT_ARMS); the rows compare the
     pairs that ran. `starts`: the arms are started this many times (fresh containers, the start
     order rotated), the rounds split between the starts: what differs from one container to the
     next (the same cpuset arm served 178 tokens/s in one start, 236 in the next) then varies
     inside the run instead of fixing the whole run's ratio (run medians moved by more than their
-    intervals with one start, 2026-12-02)."""
+    intervals with one start, 2026-12-02). `shape`: a real shape instead of the built-in model."""
     kinds = [k.strip() for k in arms.split(",")] if arms else DEFAULT_ARMS
     if unknown := [k for k in kinds if k not in ARMS]:
         raise ValueError(f"unknown limits arm(s) {unknown}; choose from {', '.join(ARMS)}")
@@ -259,12 +296,14 @@ def run(repeat: int, quick: bool, arms: str | None = None, starts: int = 1) -> l
         return [Row("limits", "CPU quota vs cpuset", note=f"not measured: {why}")]
     if (os.cpu_count() or 1) < 2:
         return [Row("limits", "CPU quota vs cpuset", note="not measured: needs 2 CPUs")]
+    what = served(shape)
+    loads = what.loads
     rounds = 2 if quick else max(4, 2 * repeat)
     per_start = math.ceil(rounds / starts)
     rounds = per_start * starts
-    got = {(kind, load): {key: [] for key in FIELDS} for kind in kinds for load in LOADS}
+    got = {(kind, load): {key: [] for key in FIELDS} for kind in kinds for load in loads}
     out: dict = {key: {kind: [] for kind in kinds} for key in ("ready_s", "peak_mib", "memory_mib")}
-    out["start_order"] = []
+    out["start_order"], out["shape"] = [], shape or "tiny-llama"
     k = 0
     for s in range(starts):
         order = kinds[s % len(kinds) :] + kinds[: s % len(kinds)]
@@ -272,12 +311,14 @@ def run(repeat: int, quick: bool, arms: str | None = None, starts: int = 1) -> l
         arms: list[Arm] = []
         try:
             for kind in order:
-                arms.append(Arm(kind))  # appended first: removed below even if it never gets ready
+                arms.append(
+                    Arm(kind, what)
+                )  # appended first: removed below even if it never gets ready
                 arms[-1].start()
             for _ in range(per_start):
                 follow_the_pin(arms)
                 turn = arms[k % len(arms) :] + arms[: k % len(arms)]
-                for load, (n, tokens) in LOADS.items():
+                for load, (n, tokens) in loads.items():
                     for a in turn:
                         with alone(a, arms):
                             m = a.measure(n, tokens)
@@ -314,7 +355,7 @@ def run(repeat: int, quick: bool, arms: str | None = None, starts: int = 1) -> l
         "cpuset-nobind": "cpuset, OpenMP nobind",
         "cpuset-quota": "cpuset with --cpus 1",
     }
-    for load in LOADS:
+    for load in loads:
         for ours_kind, alt_name, goal in (
             ("quota+plan", "cpuset", "ratio >= 0.95"),
             ("quota+plan", "quota-plan", "ratio >= 1.00"),
@@ -340,7 +381,7 @@ def run(repeat: int, quick: bool, arms: str | None = None, starts: int = 1) -> l
             rows.append(
                 Row(
                     "limits",
-                    f"{load}: {name} vs {alt_name}",
+                    f"{what.label}{load}: {name} vs {alt_name}",
                     "tokens/s",
                     ours["tps"],
                     alt["tps"],

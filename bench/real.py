@@ -16,6 +16,7 @@ run is a start of its own.
 
 from __future__ import annotations
 
+import re
 import signal
 import statistics
 import subprocess
@@ -38,6 +39,18 @@ START_TIMEOUT_S = 1200  # a cold start of the 1 B shape compiles for minutes on 
 # Both arms: the 1 B shape's own 131072-token context needs a 4 GiB KV cache for one request, more
 # than the 1 GiB both run with (docs/models.md); every request here is far shorter.
 FLAGS = ("--max-model-len", "4096")
+# the entrypoint's ready line (reports.cache_verdict): "compile cache hit: 1 graph(s) loaded",
+# "... miss: 1 graph(s) compiled", "... partly warm: 1 graph(s) loaded, 1 compiled"
+CACHE_LINE = re.compile(
+    r"compile cache (?:hit: \d+ graph\(s\) loaded|miss: \d+ graph\(s\) compiled"
+    r"|partly warm: \d+ graph\(s\) loaded, \d+ compiled)"
+)
+
+
+def cache_line(text: str) -> str | None:
+    """What the start said of its compile cache (ours only: bare vLLM prints no such line)."""
+    found = CACHE_LINE.search(text)
+    return found.group(0) if found else None
 
 
 def model(shape: str):
@@ -65,7 +78,7 @@ def speeds(kind: str, shape: str, path, caches, label: str) -> dict:
         timeout=START_TIMEOUT_S,
     )  # fmt: skip
     try:
-        out = {"ready_cold_s": round(t_ready, 1)}
+        out = {"ready_cold_s": round(t_ready, 1), "compile_cache": cache_line(s.text())}
         t0 = time.monotonic()
         one = Streams(s.url, s.model, 1, 16, timeout=300)
         one.wait_started(120)
@@ -105,6 +118,7 @@ def drain(kind: str, shape: str, path, caches, tokens: int, label: str) -> dict:
             f"real {shape} {kind} drain {tokens}",
             {
                 "ready_warm_s": round(t_ready, 1),
+                "compile_cache": cache_line(s.text()),
                 "finished": finished,
                 # a client still waiting (no end yet) was in flight too: cut without an event
                 "in_flight": sum(1 for r in results if not r.ended or r.ended >= t_term),
@@ -165,7 +179,10 @@ def _rows(shape: str, got: dict, lengths: tuple[int, ...] = DRAIN_TOKENS) -> lis
                               *((f"tokens/s per stream, {n} streams", f"tps_{n}", "tokens/s")
                                 for n in STREAMS)):  # fmt: skip
         rows.append(Row("real", f"{shape}: {figure}", unit, col("ours", key), col("bare", key)))
-    rows.append(Row("real", f"{shape}: ready, warm", "s", warm["ours"], warm["bare"]))
+    rows[0].note = f"ours: {col('ours', 'compile_cache')}"
+    said = [r.get("compile_cache") for t in lengths for r in got[("ours", t)]]
+    rows.append(Row("real", f"{shape}: ready, warm", "s", warm["ours"], warm["bare"],
+                    note=f"ours: {said}"))  # fmt: skip
     for tokens in lengths:
         ours, bare = got[("ours", tokens)], got[("bare", tokens)]
         rows.append(

@@ -38,7 +38,7 @@ SHAPES = os.environ.get("REAL_SHAPES", "qwen2.5-0.5b").split(",")
 MODEL = "/models/m"  # where the container sees it, and the name it serves it under
 CALIBRATE_TOKENS = 48
 # Of the window: what the answers may need at the calibrated speed, with room for a slower spell
-# inside a full suite run (docs/bench.md, "The drain window: why 90 s").
+# inside a full suite run (docs/bench.md, "The drain window: why 120 s").
 ANSWER_SHARE = 0.7
 # Prompts of 1500 tokens, two at once: more than one full prefill step (vLLM's CPU default for the
 # API server: 2048 batched tokens), the step whose activations peak.

@@ -98,29 +98,34 @@ def test_xpu_jobs_cover_every_release_of_the_recipe_table():
 
 
 def test_registry_login_uses_the_agents_secret(tmp_path):
-    """With REGISTRY_USER/REGISTRY_PASSWORD the step logs in (password on stdin, never on the
-    command line); without them it says pulls are anonymous and goes on."""
+    """Every step's setup_step, with REGISTRY_USER/REGISTRY_PASSWORD, logs in before anything
+    else touches Docker (password on stdin, never on the command line); without them it says
+    pulls are anonymous and goes on. The engine is the agent's own here (use_engine stubbed)."""
     shim = tmp_path / "docker"
-    shim.write_text('#!/bin/sh\necho "$*" >>"$0.calls"; cat >>"$0.stdin"\n')
+    shim.write_text('#!/bin/sh\necho "$*" >>"$0.calls"; [ "$1" != login ] || cat >>"$0.stdin"\n')
     shim.chmod(0o755)
     base = {"PATH": "/usr/bin:/bin", "VLLM_INTEL_CI_LOGS": str(tmp_path), "DOCKER": str(shim)}
+    step = f'source "{STEPS}/lib.sh"; use_engine() {{ :; }}; release_engine() {{ :; }}; setup_step'
     run = functools.partial(
         subprocess.run,
-        ["bash", "-c", f'source "{STEPS}/lib.sh"; registry_login'],
+        ["bash", "-c", step],
+        stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
     )
+    calls = tmp_path / "docker.calls"
     r = run(env=base)
-    assert r.returncode == 0 and "anonymous" in r.stderr and not shim.with_suffix(".calls").exists()
+    assert r.returncode == 0 and "anonymous" in r.stderr, r.stderr
+    assert "login" not in calls.read_text()
+    calls.unlink()
     r = run(
         env=dict(base, REGISTRY_USER="ci-bot", REGISTRY_PASSWORD="s3cret", REGISTRY="reg.example")
     )
     assert r.returncode == 0, r.stderr
-    calls = (tmp_path / "docker.calls").read_text()
-    assert calls == "login --username ci-bot --password-stdin reg.example\n"
+    first = calls.read_text().splitlines()[0]
+    assert first == "login --username ci-bot --password-stdin reg.example"
     assert (tmp_path / "docker.stdin").read_text() == "s3cret"
-    assert "registry_login" in (STEPS / "lib.sh").read_text().split("setup_step()", 1)[1]
 
 
 def test_network_errors_map_to_the_retried_exit_status(tmp_path):

@@ -103,6 +103,20 @@ def test_grace_period_is_prestop_plus_entrypoint_grace(overlay):
     assert prestop == timing.PRESTOP_S  # the value docs/deploy.md shows
 
 
+def test_shipped_drain_defaults_are_the_entrypoints():
+    """The drain the manifests, compose and .env.example ship is the entrypoint's own default
+    (timing.DEFAULT_DRAIN_S): a changed default cannot leave one of them behind."""
+    want = str(timing.DEFAULT_DRAIN_S)
+    shipped = {f"k8s {o}": env(container(o))["INTEL_VLLM_DRAIN_TIMEOUT"] for o in OVERLAYS}
+    shipped |= {
+        f"compose {name}": compose_default(svc["environment"]["INTEL_VLLM_DRAIN_TIMEOUT"])
+        for name, svc in vllm_services().items()
+    }
+    example = (ROOT / ".env.example").read_text()
+    shipped[".env.example"] = re.search(r"^INTEL_VLLM_DRAIN_TIMEOUT=(\S+)", example, re.M)[1]
+    assert {k: v for k, v in shipped.items() if v != want} == {}, want
+
+
 def test_grace_formula_is_written_next_to_the_value():
     text = (K8S / "base" / "deployment.yaml").read_text()
     assert "terminationGracePeriodSeconds = preStop sleep + DRAIN + TEARDOWN + MARGIN" in text

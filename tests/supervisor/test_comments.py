@@ -144,7 +144,7 @@ MUST_NOT_MATCH = [
     "An estimate, not yet measured: the image serves the built-in model under --memory 4g.",
     "a directory listing every 10 s, at most 5 ms per wait with no wake-up",
     "a wake-up this late: frozen (a CFS quota stops a thread for under 0.1 s)",
-    'the default drain, 90 s (docs/bench.md, "The drain window: why 90 s")',
+    'the default drain, 120 s (docs/bench.md, "The drain window: why 120 s")',
 ]
 
 

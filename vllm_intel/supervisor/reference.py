@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from .errors import Exit
 from .settings import DEFAULT_PORT
-from .timing import MARGIN_S, MAX_DRAIN_S
+from .timing import DEFAULT_DRAIN_S, MARGIN_S, MAX_DRAIN_S
 from .vllm_args import MAX_CONFIG_BYTES, MAX_PARALLEL
 
 
@@ -56,7 +56,11 @@ EXIT_CODES = (
 
 
 SETTINGS = (
-    Setting("INTEL_VLLM_DRAIN_TIMEOUT", "`90`", "seconds in-flight requests get after SIGTERM"),
+    Setting(
+        "INTEL_VLLM_DRAIN_TIMEOUT",
+        f"`{DEFAULT_DRAIN_S}`",
+        "seconds in-flight requests get after SIGTERM",
+    ),
     Setting(
         "INTEL_VLLM_MODEL",
         "built-in tiny model",

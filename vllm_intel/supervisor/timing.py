@@ -1,7 +1,7 @@
 """The drain and everything timed around it: one formula for the deadline and the grace period
 that compose, Kubernetes and `entrypoint.py grace-period` all use.
 
-Why the default drain is what it is: docs/bench.md, "The drain window: why 90 s" (the answers a
+Why the default drain is what it is: docs/bench.md, "The drain window: why 120 s" (the answers a
 real-size model has in flight at SIGTERM must finish inside it; an idle stop does not wait for it).
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .errors import Exit
 
-DEFAULT_DRAIN_S = 90
+DEFAULT_DRAIN_S = 120
 XPU_MIN_DRAIN_S = 5  # XPU workers need it to release Level Zero / oneCCL resources
 MAX_DRAIN_S = 86400  # one day: a longer drain is a typo, and grace-period must print a sane number
 TEARDOWN_S = 10  # vLLM stops its engine core and workers after the drain
