@@ -100,8 +100,8 @@ ARMS = {
 FOLLOWERS = ("cpuset", "cpuset-nobind", "cpuset-quota")  # arms moved to the pinned arm's CPU
 DEFAULT_ARMS = ["quota+plan", "quota-plan", "cpuset", "unpinned"]
 LOADS = {"1 stream": (1, 2048), "8 streams": (8, 1024)}
-# On one CPU a real shape writes tokens a hundred times slower than the toy (0.5B: ~6 tokens/s
-# for one stream): these keep a measurement to seconds, not minutes.
+# On one CPU a real shape writes tokens orders of magnitude slower than the toy (docs/bench.md,
+# limits on the 0.5B shape): these keep a measurement to seconds, not minutes.
 REAL_LOADS = {"1 stream": (1, 64), "8 streams": (8, 32)}
 MODEL_IN_IMAGE = "/opt/vllm-intel/models/tiny-llama"
 MOUNTED = "/models/m"  # where an arm sees a real shape, and the name it serves it under
@@ -123,8 +123,8 @@ def served(shape: str | None) -> Served:
         return Served(MODEL_IN_IMAGE, ("--memory", TINY_MEMORY), (), LOADS)
     path = real.model(shape)
     # Read once here: the page cache of the weights is then the host's, not billed to the first
-    # arm that reads them, whose vLLM would count it as used and find no room for its KV cache
-    # at the plan's edge ("Available memory on node 0 (0.82/5.3 GiB)", 2026-12-04).
+    # arm that reads them, whose vLLM counts it as used and, at the plan's edge, finds no room
+    # for its KV cache ("Available memory on node 0 ... is less than requested memory for kv").
     for f in sorted(path.rglob("*")):
         if f.is_file():
             with f.open("rb") as fh:
