@@ -87,9 +87,7 @@ def compile_cache(docker_host):
     if inherited:
         yield pathlib.Path(inherited)
         return
-    path = ROOT / "build" / f"compile-cache-{os.getpid()}"
-    path.mkdir(parents=True)
-    os.chown(path, 10001, 10001)  # the image's user (docker/create-user.sh)
+    path = cache_dir(f"compile-cache-{os.getpid()}")
     os.environ[COMPILE_CACHE_ENV] = str(path)
     try:
         yield path
@@ -99,6 +97,15 @@ def compile_cache(docker_host):
 
 
 COMPILE_CACHE_ENV = "VLLM_INTEL_TEST_COMPILE_CACHE"
+
+
+def cache_dir(name: str) -> pathlib.Path:
+    """A new directory build/NAME that the image's user (uid 10001, docker/create-user.sh) may
+    write: compile caches to mount at /home/vllm/.cache, as compose does with INTEL_VLLM_CACHE."""
+    path = ROOT / "build" / name
+    path.mkdir(parents=True)
+    os.chown(path, 10001, 10001)
+    return path
 
 
 def holds_kernels(cache: pathlib.Path) -> bool:

@@ -33,10 +33,12 @@ import uuid
 
 import pytest
 
-from tests.harness import EXIT_FORECAST, ROOT, Container, Streams, docker
+from tests.harness import EXIT_FORECAST, Container, Streams, docker
 from tests.harness.memory import Sampler, burst
 from vllm_intel.supervisor import plan, timing, workload
 from vllm_intel.supervisor.limits import GiB, MiB
+
+from .conftest import cache_dir
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.real_shape]
 # make test: the 0.5B shape; REAL_SHAPES=qwen2.5-0.5b,llama-3.2-1b adds the 1B (by hand: ~5 min more)
@@ -138,9 +140,7 @@ def test_a_replaced_container_loads_the_compiled_graphs_of_the_last_from_the_cac
     compose mounts from INTEL_VLLM_CACHE), vLLM's default torch.compile mode: the first compiles
     and says "miss", the second loads and says "hit", ready in less time, and both serve."""
     model = real_model(shape)
-    cache = ROOT / "build" / f"real-shape-cache-{uuid.uuid4().hex[:8]}"
-    cache.mkdir(parents=True)
-    os.chown(cache, 10001, 10001)  # the image's user (docker/create-user.sh)
+    cache = cache_dir(f"real-shape-cache-{uuid.uuid4().hex[:8]}")
     args = ["--shm-size", "1g", "-v", f"{model}:{MODEL}:ro", "-e", f"INTEL_VLLM_MODEL={MODEL}",
             "-v", f"{cache}:/home/vllm/.cache"]  # fmt: skip
     ready, said = [], []
