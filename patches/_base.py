@@ -3,16 +3,21 @@
 A patch is one object (module attribute ``PATCH``) with:
 
 * ``name``      stable, user-facing name (used in ``INTEL_VLLM_PATCHES*`` and in the log line);
+* ``summary``   what it fixes, one line (the README's patch table);
+* ``targets``   the code it changes or relies on, ``"module:Qual.name"`` (``"module"``: the whole
+  module); their AST fingerprints on each tested release are recorded in ``tested_code.py``;
 * ``tested``    the vLLM releases the patch was tested on, a PEP 440 specifier
   (``">=0.27.1,<=0.32.0"``), compared with the installed vLLM's version without its local
-  suffix (``0.32.0+cpu`` -> ``0.32.0``). Outside it ``apply()`` leaves the patch out (state
-  ``untested``) unless ``INTEL_VLLM_PATCHES_UNTESTED=1``; ``lifecycle`` patches (process exit
-  and the like) are never left out for it, their reason only says so. Without vLLM installed
-  there is no range to compare with: ``check()`` decides;
+  suffix (``0.32.0+cpu`` -> ``0.32.0``). Outside it a patch that ``check()`` finds needed is
+  applied only where every target is the code of a tested release (same AST fingerprint);
+  otherwise it is left out (state ``untested``, the reason names the targets that changed)
+  unless ``INTEL_VLLM_PATCHES_UNTESTED=1``; ``lifecycle`` patches (process exit and the like)
+  are never left out for it, their reason only says so. ``upstream`` and ``not-applicable``
+  verdicts stand on every release: ``check()`` only reads;
 * ``check()``   decides by inspecting the running code and platform whether the patch is needed;
   returns ``(NEEDED, why)`` or ``(UPSTREAM | NOT_APPLICABLE, why)``;
-* ``apply()``   idempotent; checks ``tested``, then runs ``check()`` and, when needed, ``_apply()``; never raises
-  (a failure becomes state ``failed`` with its reason);
+* ``apply()``   idempotent; runs ``check()``, checks ``tested`` and, when needed, ``_apply()``;
+  never raises (a failure becomes state ``failed`` with its reason);
 * ``revert()``  restores every attribute ``_apply()`` replaced, in reverse order;
 * ``status()``  ``(name, state, reason)``.
 """
@@ -20,6 +25,7 @@ A patch is one object (module attribute ``PATCH``) with:
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib.util
 import os
 import sys
@@ -49,6 +55,8 @@ class PatchFailedError(RuntimeError):
 
 class Patch:
     name: str = ""
+    summary: str = ""  # what it fixes, one line
+    targets: tuple[str, ...] = ()  # "module:Qual.name" or "module": the code it changes or reads
     tested: str = ""  # PEP 440 specifier of the vLLM releases the tests run this patch on
     lifecycle: bool = False  # a process-lifecycle patch: applied outside its range too
 
@@ -76,26 +84,63 @@ class Patch:
             return None
         return outside(version, self.tested)
 
+    def tested_code(self) -> tuple[str | None, list[str]]:
+        """(the tested release whose targets' code the installed one is, or None; the targets
+        that differ from the newest tested release's), by AST fingerprint (tested_code.py)."""
+        from .tested_code import TESTED
+
+        record = TESTED.get(self.name, {})
+        if not record:
+            return None, list(self.targets)
+        installed = {t: fingerprint(t) for t in self.targets}
+        for release in sorted(record, key=_version_key, reverse=True):
+            if all(installed.get(t) == fp for t, fp in record[release].items()):
+                return release, []
+        newest = record[max(record, key=_version_key)]
+        return None, [t for t in self.targets if installed.get(t) != newest.get(t)]
+
+    def _untested(self) -> tuple[str | None, str]:
+        """(why the installed vLLM is untested for this patch or None, a note for the reason)."""
+        untested = self.outside_range()
+        if not untested:
+            return None, ""
+        releases = _tested_releases(self.name)
+        if not releases:  # nothing recorded to compare with
+            return untested, ""
+        same, changed = self.tested_code()
+        if same:
+            return None, f"vLLM {vllm_version()}: its code is {same}'s, tested"
+        newest = max(releases, key=_version_key)
+        return f"{untested}; changed since {newest}: {', '.join(changed)}", ""
+
     def apply(self, allow_untested: bool | None = None) -> str:
         """``allow_untested`` None: read ``INTEL_VLLM_PATCHES_UNTESTED`` from the environment."""
         if self.state == APPLIED:
             return self.state
         try:
-            untested = self.outside_range()
-            if untested and not self.lifecycle:
+            untested, note = self._untested()
+            try:
+                state, reason = self.check()
+            except Exception:
+                if untested:  # code the patch has never met: that, not the error, is the news
+                    self.state, self.reason = UNTESTED, f"{untested} (its check failed there)"
+                    return self.state
+                raise
+            if state == NEEDED and untested and not self.lifecycle:
                 if allow_untested is None:
                     allow_untested = env_allows_untested(os.environ)
                 if not allow_untested:
                     self.state = UNTESTED
                     self.reason = f"{untested} ({UNTESTED_ENV}=1 applies it anyway)"
                     return self.state
-            state, reason = self.check()
             if state == NEEDED:
                 reason = self._apply() or reason
                 state = APPLIED
-            if untested:
+            if untested and state == APPLIED:
                 why = "lifecycle patch" if self.lifecycle else f"{UNTESTED_ENV}=1"
                 reason = f"{reason} (untested: {untested}; {why})"
+            elif note:
+                reason = f"{reason} ({note})"
         except Exception as exc:  # a patch must never break vLLM start-up by itself
             self.revert()
             state, reason = FAILED, f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -221,6 +266,18 @@ def vllm_version() -> str | None:
     return "unknown"
 
 
+def _version_key(version: str):
+    from packaging.version import Version
+
+    return Version(version)
+
+
+def _tested_releases(name: str) -> list[str]:
+    from .tested_code import TESTED
+
+    return list(TESTED.get(name, {}))
+
+
 def outside(version: str, tested: str) -> str | None:
     """None when ``version`` (its local suffix dropped) is in the specifier ``tested``."""
     from packaging.specifiers import SpecifierSet
@@ -320,3 +377,32 @@ def stored_attributes(tree: ast.AST) -> set[str]:
         for n in ast.walk(tree)
         if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
     }
+
+
+# -- fingerprints: is the installed code the code a patch was tested on? ------------------------
+
+
+def target_node(tree: ast.Module, qualname: str) -> ast.AST | None:
+    """The definition ``qualname`` ("Class.method", "function") in a module's AST; the module
+    itself for ""."""
+    return tree if not qualname else find_def(tree, *qualname.split("."))
+
+
+def fingerprint_source(src: str | None, qualname: str) -> str | None:
+    """sha256 (16 hex digits) of the AST of ``qualname`` in a module's source: comments, blank
+    lines and formatting do not count, any change of code does. None: no such definition."""
+    if src is None:
+        return None
+    try:
+        node = target_node(ast.parse(src), qualname)
+    except (SyntaxError, ValueError):
+        return None
+    if node is None:
+        return None
+    return hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
+
+
+def fingerprint(target: str) -> str | None:
+    """The fingerprint of an installed target ``"module:Qual.name"`` (None: absent)."""
+    module, _, qualname = target.partition(":")
+    return fingerprint_source(module_source(module), qualname)

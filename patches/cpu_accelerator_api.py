@@ -182,6 +182,8 @@ PINNED = ("synchronize", "empty_cache")
 
 class CpuAcceleratorApi(Patch):
     name = "cpu-accelerator-api"
+    summary = "every `torch.accelerator` call on a CPU-only host: CPU equivalent or a clear error"
+    targets = ("torch._dynamo.variables.torch:handle_synchronize",)
     tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:

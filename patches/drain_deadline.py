@@ -204,6 +204,14 @@ def drain_shape(tree: ast.AST) -> tuple[bool, bool]:
 
 class DrainDeadline(Patch):
     name = "drain-deadline"
+    summary = "a drain shorter than the work ends every stream with `abort` + `[DONE]`; 503 while draining; the drain forecast"
+    targets = (
+        "vllm.v1.engine.core:EngineCoreProc._handle_shutdown",
+        "vllm.v1.engine.core:EngineCoreProc._send_abort_outputs",
+        "vllm.v1.engine.async_llm:AsyncLLM.shutdown",
+        "vllm.v1.engine.output_processor:OutputProcessor.propagate_error",
+        "vllm.v1.engine.output_processor:OutputProcessor.has_unfinished_requests",
+    )
     tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:

@@ -128,6 +128,11 @@ def on_parent_exit(ppid: int) -> None:
 
 class EngineParentWatch(Patch):
     name = "engine-parent-watch"
+    summary = "the engine core outlived an API server killed without its shutdown; it now follows its parent"
+    targets = (
+        "vllm.v1.engine.core:EngineCoreProc.run_engine_core",
+        "vllm.v1.engine.core:EngineCoreProc._handle_shutdown",
+    )
     tested = ">=0.27.1,<=0.32.0"
     lifecycle = True
 

