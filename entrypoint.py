@@ -6,8 +6,15 @@ The image's ENTRYPOINT and the documented command; the code is the vllm_intel pa
 exit codes, all rendered from vllm_intel/supervisor/settings.py.
 """
 
-import pathlib
+import signal
 import sys
+
+# `serve` (the default) holds the stop signals from its first line: the kernel drops a SIGTERM sent
+# to PID 1 at its default action, never a blocked one (vllm_intel/supervisor/signals.py).
+if sys.argv[1:2] in ([], ["serve"]):
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+import pathlib  # noqa: E402
 
 # From a checkout, the checkout's package wins over an installed one (also under `python -I`,
 # which drops the script's directory from sys.path).

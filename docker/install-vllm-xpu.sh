@@ -2,13 +2,14 @@
 # Source route of Dockerfile.xpu, `source` stage: /opt/venv with vLLM built for Intel GPUs from the
 # release's PyPI sdist, the way upstream's docker/Dockerfile.xpu does it for that release (recipe:
 # docker/xpu-releases.toml, passed by scripts/build-image.sh as build args):
-#   requirements/xpu.txt of the sdist itself (torch from PyTorch's XPU index, vllm_xpu_kernels,
-#   Triton for XPU), upstream's Triton reinstall and oneCCL installer where it has them, vLLM with
+#   requirements/xpu.txt of the sdist itself (torch from PyTorch's XPU index, vllm_xpu_kernels from
+#   PyPI or, since 0.34, from the kernels' own index, Triton for XPU), upstream's Triton reinstall and oneCCL installer where it has them, vLLM with
 #   VLLM_TARGET_DEVICE=xpu (no extensions to compile: kernels come from vllm_xpu_kernels), then
 #   upstream's oneAPI runtime wheel pins. vLLM's Rust frontend is not built: it is optional
 #   (setup.py requires it only with VLLM_REQUIRE_RUST_FRONTEND) and the Python server serves.
 #
-# Env: VLLM_VERSION, VLLM_SDIST_SHA256, PYTHON_VERSION, TORCH_INDEX_URL, XPU_TRITON,
+# Env: VLLM_VERSION, VLLM_SDIST_SHA256, PYTHON_VERSION, TORCH_INDEX_URL, XPU_KERNELS_INDEX_URL
+#      ("" = PyPI), XPU_TRITON,
 #      XPU_TRITON_REINSTALL, XPU_ONECCL_INSTALLER, XPU_ONEAPI_PIP; SDIST_DIR (the sdist's folder).
 set -euo pipefail
 msg="build the XPU image with scripts/build-image.sh xpu (it fetches the sdist and passes the recipe)"
@@ -24,6 +25,9 @@ src=$(mktemp -d)
 tar -xzf "$sdist" -C "$src" --strip-components=1
 set --
 if [ -n "${TORCH_INDEX_URL:-}" ]; then set -- --extra-index-url "$TORCH_INDEX_URL"; fi
+# The table's index for the kernels (requirements/xpu.txt carries the same line since 0.34): the
+# recipe, checked against upstream, says where they come from, and the build log shows it.
+if [ -n "${XPU_KERNELS_INDEX_URL:-}" ]; then set -- "$@" --extra-index-url "$XPU_KERNELS_INDEX_URL"; fi
 "$pip" install -q "$@" -r "$src/requirements/xpu.txt"
 if [ "${XPU_TRITON_REINSTALL:-0}" = 1 ]; then
   "$pip" uninstall -q -y triton triton-xpu || true

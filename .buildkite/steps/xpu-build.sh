@@ -5,6 +5,10 @@
 # torch.xpu.device_count() answers 0 without crashing, `vllm --version` says +xpu, Level Zero's
 # headers are there, `entrypoint.py patches` prints the expected states (tests/xpu, marker
 # xpu_image). The build itself already fails when the stack does not load (check-xpu-image.sh).
+# The XPU default release (docker/xpu-releases.toml) unless the job names one; lib.sh would
+# take the CPU image's (the VLLM_VERSION file).
+VLLM_VERSION=${VLLM_VERSION:-$(python3 "$(dirname "$0")/../../scripts/xpu_recipe.py" default)}
+export VLLM_VERSION
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=xpu-lib.sh

@@ -5,6 +5,10 @@
 # the same device is shown to hang without the xpu-shutdown patch and to serve with it), then the
 # smoke test: serve, request, stop, restart the same container on the same device, request, stop.
 # Environment: as scripts/build-image.sh; ZE_AFFINITY_MASK picks the GPU (default: all).
+# The XPU default release (docker/xpu-releases.toml) unless the job names one; lib.sh would
+# take the CPU image's (the VLLM_VERSION file).
+VLLM_VERSION=${VLLM_VERSION:-$(python3 "$(dirname "$0")/../../scripts/xpu_recipe.py" default)}
+export VLLM_VERSION
 # shellcheck source=lib.sh
 source "$(dirname "$0")/lib.sh"
 # shellcheck source=xpu-lib.sh

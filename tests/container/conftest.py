@@ -62,12 +62,20 @@ def prometheus_image(docker_host) -> str:
     return "vllm-intel:prometheus"
 
 
+def xpu_default() -> str:
+    """The XPU image's default release (docker/xpu-releases.toml), not the CPU image's."""
+    r = run(["python3", str(ROOT / "scripts" / "xpu_recipe.py"), "default"], timeout=60)
+    return r.stdout.strip()
+
+
 @pytest.fixture(scope="session")
 def xpu_image(docker_host):
-    """Tag of the default release's XPU runtime image, built by its upstream route on the stand-in
-    of upstream's image (tests/standins), and the build's log (check-xpu-image.sh's lines)."""
-    stand_in = _build("xpu-stand-in", DEFAULT_VLLM)
-    return _build("xpu", DEFAULT_VLLM), _LOGS[("xpu", DEFAULT_VLLM, "runtime")], stand_in
+    """Tag of the XPU default release's runtime image, built by its upstream route on the stand-in
+    of upstream's image (tests/standins), the build's log (check-xpu-image.sh's lines) and the
+    stand-in's tag."""
+    version = xpu_default()
+    stand_in = _build("xpu-stand-in", version)
+    return _build("xpu", version), _LOGS[("xpu", version, "runtime")], stand_in
 
 
 @pytest.fixture(scope="session")

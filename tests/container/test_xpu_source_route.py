@@ -5,7 +5,10 @@ PyTorch's XPU index cannot be reached here, so what the scripts *ask for* is che
 table's pins, and every line of install-xpu-os.sh and install-vllm-xpu.sh runs (the real gpg,
 tar, sha256sum, ln included). Then both scripts run a second time on the result: they must be
 idempotent (a rebuild on a warm layer, a retried step). Not shown here: that those packages
-install and work (Buildkite's xpu-build step on the 0.24.0 source route).
+install and work (Buildkite's xpu-build step on the 0.24.0 source route). Both GPU driver sources
+of the table run: the .debs (up to 0.33.0) and, for 0.34.0, Intel's GPU apt repository (its key,
+deb line and meta-package; the repository itself cannot be reached here: apt-get is a shim) and
+the kernels' own index.
 """
 
 from __future__ import annotations
@@ -73,19 +76,43 @@ def test_source_route_asks_for_the_tables_pins(docker_host, version):
     seen = calls(tag)
     fetched = [c[-1] for c in seen if c[0] == "curl" and "-o" in c and c[-1].endswith(".deb")]
     assert fetched == rel["umd"]
-    (dpkg,) = [c for c in seen if c[0] == "dpkg"]
-    # One dpkg call for all of them (dependencies among them resolve), as upstream's `dpkg -i *.deb`.
-    assert sorted(p.rsplit("/", 1)[1] for p in dpkg[2:]) == sorted(
-        u.rsplit("/", 1)[1] for u in rel["umd"]
-    )
+    dpkg = [c for c in seen if c[0] == "dpkg"]
     apt = [c for c in seen if c[:2] == ["apt-get", "install"]]
     assert f"python{rel['python']}-venv" in apt[0]
     if rel["oneapi_apt"]:
         assert apt[1][-len(rel["oneapi_apt"]) :] == rel["oneapi_apt"]
+    if rel["umd"]:
+        # One dpkg call for all of them (dependencies among them resolve), as upstream's
+        # `dpkg -i *.deb`; no apt repository of the driver.
+        assert len(dpkg) == 1, dpkg
+        assert sorted(p.rsplit("/", 1)[1] for p in dpkg[0][2:]) == sorted(
+            u.rsplit("/", 1)[1] for u in rel["umd"]
+        )
+        assert not any(set(rel["gpu_apt_packages"] or ["intel-gpu-compute"]) & set(c) for c in apt)
+    else:
+        # Intel's GPU apt repository: its key fetched and dearmored (the real gpg) into the
+        # keyring the deb line names, the line itself, an update that fails on an unreadable
+        # repository (upstream's Error-Mode=any), the meta-package installed with its Recommends.
+        assert dpkg == []
+        assert ["curl", "-fsSL", "--retry", "3", rel["gpu_apt_key"]] in seen, seen
+        assert ["apt-get", "update", "-qq", "-o", "APT::Update::Error-Mode=any"] in seen, seen
+        (gpu,) = [c for c in apt if set(rel["gpu_apt_packages"]) <= set(c)]
+        assert gpu == ["apt-get", "install", "-y", "-qq", *rel["gpu_apt_packages"]], gpu
+        assert "--no-install-recommends" not in gpu
+        assert seen.index(gpu) > seen.index(apt[0])  # after the base packages, as upstream
+        keyring = rel["gpu_apt_repo"].split("signed-by=", 1)[1].split()[0].rstrip("]")
+        script = f"cat /etc/apt/sources.list.d/*.list; gpg --show-keys {keyring} | grep -c ^pub"
+        r = docker("run", "--rm", "--entrypoint", "sh", tag, "-c", script)
+        assert r.stdout.splitlines() == [rel["gpu_apt_repo"], "1"], r.stdout + r.stderr
     assert ["python" + rel["python"], "-m", "venv", "/opt/venv"] in seen
     pip = [c for c in seen if c[0] == "pip"]
     req = next(c for c in pip if "-r" in c)
     assert req[req.index("--extra-index-url") + 1] == rel["torch_index"]
+    indexes = [req[i + 1] for i, a in enumerate(req) if a == "--extra-index-url"]
+    # The kernels' own index where the table has one (since 0.34), nothing else otherwise.
+    assert indexes == [rel["torch_index"]] + (
+        [rel["xpu_kernels_index"]] if rel["xpu_kernels_index"] else []
+    )
     assert req[req.index("-r") + 1].endswith("/requirements/xpu.txt")
     asked = [c[1] for c in seen if c[0] == "pip-requirement"]
     assert f"torch=={rel['torch']}" in asked, asked

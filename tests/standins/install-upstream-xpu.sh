@@ -2,7 +2,9 @@
 # The stand-in's one install step (tests/standins/Dockerfile.upstream-xpu): the venv, CPU torch
 # in place of XPU torch, vLLM's common requirements, vLLM built for XPU from the sdist, the
 # table's vllm_xpu_kernels and oneAPI runtime wheels, and the list of what stands in.
-# Env: VLLM_VERSION, VLLM_SDIST_SHA256, XPU_KERNELS_VERSION, XPU_ONEAPI_PIP, STAND_IN_TORCH.
+# Env: VLLM_VERSION, VLLM_SDIST_SHA256, XPU_KERNELS_VERSION, XPU_KERNELS_INDEX_URL, XPU_ONEAPI_PIP,
+#      XPU_GPU_APT_REPO + XPU_GPU_APT_PACKAGES (the driver the list names; empty: the .debs),
+#      STAND_IN_TORCH.
 set -euo pipefail
 : "${VLLM_VERSION:?}" "${VLLM_SDIST_SHA256:?}" "${XPU_KERNELS_VERSION:?}" "${STAND_IN_TORCH:?}"
 # PyTorch's XPU index is upstream's setting for the image's users; nothing here comes from it.
@@ -36,10 +38,19 @@ VLLM_TARGET_DEVICE=xpu "${uv[@]}" --no-build-isolation --no-deps .
 # kernels' torch pin does not replace the CPU torch standing in.
 # shellcheck disable=SC2086  # a list of requirement specifiers
 if [ -n "${XPU_ONEAPI_PIP:-}" ]; then "${uv[@]}" --no-deps $XPU_ONEAPI_PIP; fi
-# Some releases take their kernels from a GitHub asset that PyPI does not carry under that version.
+# Some releases take their kernels from a GitHub asset, others (since 0.34) from the kernels' own
+# index, that PyPI does not carry under that version: the stand-in asks PyPI only.
 kernels="vllm_xpu_kernels $XPU_KERNELS_VERSION from PyPI cannot load without torch built with XPU"
 if ! "${uv[@]}" --no-deps "vllm_xpu_kernels==$XPU_KERNELS_VERSION"; then
-  kernels="vllm_xpu_kernels $XPU_KERNELS_VERSION is not on PyPI (upstream installs it from its GitHub release)"
+  where="its GitHub release"
+  if [ -n "${XPU_KERNELS_INDEX_URL:-}" ]; then where="its index $XPU_KERNELS_INDEX_URL"; fi
+  kernels="vllm_xpu_kernels $XPU_KERNELS_VERSION is not on PyPI (upstream installs it from $where)"
+fi
+driver="the table's Level Zero .deb"
+if [ -n "${XPU_GPU_APT_PACKAGES:-}" ]; then
+  # The deb line's suite, e.g. noble/intel-omix/0.4.1.
+  suite=$(awk '{for (i = 1; i <= NF; i++) if ($i ~ /^https?:/) { print $(i + 1); exit }}' <<<"${XPU_GPU_APT_REPO:-}")
+  driver="$XPU_GPU_APT_PACKAGES of Intel's GPU apt repository ($suite, not reachable here)"
 fi
 # Like vLLM's CPU install: these arrive as CUDA builds and break imports on a CPU-only torch.
 uv pip uninstall --quiet --python /opt/venv/bin/python torchvision torchaudio torchcodec triton || true
@@ -48,5 +59,5 @@ cat >/etc/vllm-intel/stand-in <<EOF_LIST
 torch-xpu torch $STAND_IN_TORCH (CPU build) stands in for PyTorch's XPU build
 xpu-kernels $kernels
 python Debian's Python $(/opt/venv/bin/python -c 'import sys; print("%d.%d" % sys.version_info[:2])') stands in for upstream's 3.12
-level-zero Debian's libze-dev stands in for the table's Level Zero .deb
+level-zero Debian's libze-dev stands in for $driver
 EOF_LIST

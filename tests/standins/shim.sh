@@ -4,8 +4,8 @@
 # by tests/standins/Dockerfile.shims as curl, apt-get, dpkg, pythonX.Y and the venv's pip).
 # Each call is appended to $SHIM_LOG as one line: the command's name, then its arguments joined
 # by a tab (pip also records VLLM_TARGET_DEVICE). What a call must produce for the script to go
-# on is produced: the file curl is asked to write (a GPG key for .PUB, a recording installer for
-# .sh, a placeholder otherwise), a venv whose pip is this shim.
+# on is produced: the file curl is asked to write or pipes (a GPG key for .PUB and .key, a
+# recording installer for .sh, a placeholder otherwise), a venv whose pip is this shim.
 set -euo pipefail
 log=${SHIM_LOG:-/var/log/vllm-intel-shims.log}
 name=$(basename "$0")
@@ -27,7 +27,7 @@ case "$name" in
       shift
     done
     case "$url" in
-      *.PUB) body() { cat /shims/intel-key.asc; } ;;
+      *.PUB|*.key) body() { cat /shims/intel-key.asc; } ;;
       *.sh) body() { printf '#!/bin/bash\necho "installer\t%s\t$*" >>%q\nmkdir -p /opt/intel/oneapi/ccl/2021.15\n' "$url" "$log"; } ;;
       *) body() { echo "placeholder for $url"; } ;;
     esac

@@ -98,7 +98,7 @@ def test_progress_counts_complete_and_partial_blobs(tmp_path, tiny_model):
     assert hub.progress(cache, "org/absent") == (0, 0, 0)
 
 
-def test_progress_logger_logs_only_while_active_and_growing(tmp_path, monkeypatch, capsys):
+def test_progress_logger_logs_only_while_active_and_growing(tmp_path, monkeypatch, capfd):
     monkeypatch.setattr(hub, "PROGRESS_S", 0.05)
     cache, repo = tmp_path / "hub", "org/name"
     blobs = hub.repo_dir(cache, repo) / "blobs"
@@ -115,7 +115,7 @@ def test_progress_logger_logs_only_while_active_and_growing(tmp_path, monkeypatc
     active[0] = False  # e.g. the supervisor left STARTING
     t.join(timeout=2)
     assert not t.is_alive()
-    lines = [line for line in capsys.readouterr().err.splitlines() if "downloading" in line]
+    lines = [line for line in capfd.readouterr().err.splitlines() if "downloading" in line]
     assert any("20.0 kB" in line for line in lines), lines
     assert len(lines) <= 3, lines  # one line per change, not one per tick
 

@@ -106,7 +106,7 @@ def start_tree(procs, cpu: int) -> subprocess.Popen:
     return tree
 
 
-def test_a_tree_on_a_busy_cpu_moves_to_the_free_one(two_cpus, procs, capsys):
+def test_a_tree_on_a_busy_cpu_moves_to_the_free_one(two_cpus, procs, capfd):
     busy, free = two_cpus
     tree = start_tree(procs, busy)
     assert affinities(tree.pid) == {frozenset([busy])}
@@ -122,7 +122,7 @@ def test_a_tree_on_a_busy_cpu_moves_to_the_free_one(two_cpus, procs, capsys):
             time.sleep(0.1)
     finally:
         follower.stop()
-    err = capsys.readouterr().err
+    err = capfd.readouterr().err
     assert affinities(tree.pid) == {frozenset([free])}, err  # every thread of every process
     assert os.sched_getaffinity(loop.pid) == {busy}  # the neighbour is not ours to move
     assert f"pin: CPU {busy} carried" in err and f"CPU {free} " in err, err

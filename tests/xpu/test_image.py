@@ -68,6 +68,7 @@ def expected_patch_states(version: str, on_xpu: bool) -> dict[str, str]:
 @pytest.mark.parametrize(
     "version, on_xpu, state",
     [
+        ("0.34.0", False, "upstream"),
         ("0.32.0", False, "upstream"),
         ("0.27.1", True, "upstream"),
         ("0.24.0", True, "applied"),

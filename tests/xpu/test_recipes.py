@@ -22,6 +22,7 @@ import sys
 import zipfile
 
 import pytest
+import tomllib
 from dockerfile_parse import DockerfileParser
 
 from tests.harness import ROOT
@@ -42,9 +43,13 @@ SAME = (
     "torch",
     "torch_index",
     "xpu_kernels",
+    "xpu_kernels_index",
     "triton",
     "triton_reinstall",
     "level_zero_dev",
+    "gpu_apt_key",
+    "gpu_apt_repo",
+    "gpu_apt_packages",
     "oneapi_apt",
     "oneapi_apt_pin",
     "oneccl_installer",
@@ -89,18 +94,55 @@ def test_table_matches_upstream_sdist(version):
     assert not bad, "docker/xpu-releases.toml disagrees with upstream:\n" + "\n".join(bad)
 
 
-def test_a_wrong_entry_is_caught_with_the_upstream_line():
-    """The drift check itself can fail: a wrong torch pin is reported with upstream's line."""
-    version = TABLE["default"]
+@pytest.mark.parametrize("version", [TABLE["default"], "0.32.0"])
+def test_a_wrong_entry_is_caught_with_the_upstream_line(version):
+    """The drift check itself can fail: a wrong torch pin, kernels index and GPU driver (a .deb
+    left out; another apt suite) are reported, each with upstream's line."""
     wrong = {"default": version, "release": {version: dict(TABLE["release"][version])}}
-    wrong["release"][version]["torch"] = "2.99.0"
-    wrong["release"][version]["umd"] = wrong["release"][version]["umd"][1:]
+    rel = wrong["release"][version]
+    rel["torch"] = "2.99.0"
+    rel["xpu_kernels_index"] = "https://example.invalid/whl"
+    if rel["umd"]:
+        rel["umd"] = rel["umd"][1:]
+    else:
+        rel["gpu_apt_repo"] = rel["gpu_apt_repo"].replace("intel-omix/", "intel-omix/9")
     bad = drift(version, wrong, sdist(version))
     assert any(
         "torch: table has '2.99.0'" in b and "requirements/xpu.txt:" in b and "torch==" in b
         for b in bad
     ), bad
-    assert any(b.startswith(f"{version} umd:") for b in bad), bad
+    assert any(
+        b.startswith(f"{version} xpu_kernels_index:") and "requirements/xpu.txt" in b for b in bad
+    ), bad
+    if TABLE["release"][version]["umd"]:
+        assert any(b.startswith(f"{version} umd:") for b in bad), bad
+    else:
+        assert any(
+            b.startswith(f"{version} gpu_apt_repo:") and "Dockerfile.xpu:" in b and "echo" in b
+            for b in bad
+        ), bad
+
+
+def _without_row(text: str, version: str) -> str:
+    """The table's text without the [release."VERSION"] table."""
+    start = text.index(f'[release."{version}"]')
+    end = text.find("\n[release.", start + 1)
+    return text[:start] + (text[end + 1 :] if end != -1 else "")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_a_release_row_is_rendered_from_its_sdist_alone(version):
+    """upstream.render_row() writes the release's table from its sdist (`make upstream-release`
+    will): the table without that row, plus the rendered row, parses to the same table."""
+    text = (ROOT / "docker" / "xpu-releases.toml").read_text()
+    rest = _without_row(text, version)
+    assert f'[release."{version}"]' not in rest
+    rendered = upstream.render_row(sdist(version), version)
+    assert rendered.startswith(f'[release."{version}"]\n')
+    got = tomllib.loads(rest + "\n" + rendered)
+    assert got["release"][version] == TABLE["release"][version]
+    assert list(got["release"][version]) == list(xpu_recipe.FIELDS)  # the file's field order
+    assert got == tomllib.loads(text)
 
 
 @pytest.mark.slow
@@ -210,8 +252,71 @@ def test_malformed_table_is_rejected(tmp_path):
         xpu_recipe.load(bad)
 
 
-def test_default_release_is_the_projects():
-    assert TABLE["default"] == (ROOT / "VLLM_VERSION").read_text().strip()
+def _key(version: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in version.split("."))
+
+
+def test_default_release_is_upstreams_newest_published_image():
+    """The XPU default is the newest release upstream publishes an XPU image of (the route a user
+    should take), independent of the CPU image's release (VLLM_VERSION)."""
+    published = [v for v in VERSIONS if TABLE["release"][v]["upstream_image"]]
+    assert TABLE["default"] == max(published, key=_key)
+    assert TABLE["release"][TABLE["default"]]["upstream_image"].endswith(f":v{TABLE['default']}")
+    # `scripts/build-image.sh xpu` without VLLM_VERSION builds it (and tags it vllm-intel:xpu).
+    text = (ROOT / "scripts" / "build-image.sh").read_text()
+    assert re.search(r"xpu\|xpu-stand-in\) default_version=.*xpu_recipe\.py\" default", text)
+
+
+@pytest.mark.parametrize(
+    "edit, error",
+    [
+        # both driver sources
+        (
+            lambda r: r.update(gpu_apt_packages=["x"], gpu_apt_key="https://k", gpu_apt_repo="d"),
+            "exactly one GPU driver source",
+        ),
+        # neither
+        (lambda r: r.update(umd=[], level_zero_dev=""), "exactly one GPU driver source"),
+        # an apt repository without its key
+        (
+            lambda r: r.update(
+                umd=[],
+                level_zero_dev="",
+                gpu_apt_packages=["intel-gpu-compute"],
+                gpu_apt_repo="deb [signed-by=/k.gpg] https://r noble main",
+            ),
+            "go together",
+        ),
+        # not a deb line with its keyring
+        (
+            lambda r: r.update(
+                umd=[],
+                level_zero_dev="",
+                gpu_apt_packages=["intel-gpu-compute"],
+                gpu_apt_key="https://k",
+                gpu_apt_repo="https://r noble main",
+            ),
+            "gpu_apt_repo must be a deb line",
+        ),
+    ],
+)
+def test_driver_source_errors_are_one_line_exit_64(tmp_path, edit, error):
+    rel = dict(TABLE["release"]["0.32.0"])
+    edit(rel)
+    bad = tmp_path / "t.toml"
+    bad.write_text(
+        'default = "0.32.0"\n[release."0.32.0"]\n'
+        + "\n".join(f"{k} = {upstream._toml(v)}" for k, v in rel.items())
+        + "\n"
+    )
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "xpu_recipe.py"), "build-args", "0.32.0"],
+        env=dict(os.environ, XPU_RECIPE_TABLE=str(bad)),
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 64 and r.stdout == "", r.stdout
+    assert error in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_sdist_fetch_needs_no_pip_and_checks_the_tables_hash(tmp_path):

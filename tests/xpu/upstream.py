@@ -3,19 +3,32 @@ docker/xpu-releases.toml, each value with the upstream line it came from.
 
 Files read (inside vllm-X.tar.gz): docker/Dockerfile.xpu, requirements/xpu.txt and
 .buildkite/scripts/publish-release-images.sh (which names the published XPU image, if any).
+
+  recipe(sdist, version)      {field: Found(value, upstream line)} (tests/xpu/test_recipes.py)
+  render_row(sdist, version)  the release's [release."X"] table for docker/xpu-releases.toml,
+                              fields in the file's order (scripts/xpu_recipe.FIELDS)
+
+Importable by a script as well as by the tests (needs dockerfile_parse, of requirements-test.txt):
+`sys.path.insert(0, ROOT); from tests.xpu import upstream`, or run it:
+`python -m tests.xpu.upstream SDIST VERSION` prints the table.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
+import json
+import pathlib
 import re
+import sys
 import tarfile
 
 from dockerfile_parse import DockerfileParser
 
 ONEAPI_WHEEL = re.compile(r'"((?:intel-|oneccl|dpcpp)[\w-]*==[\w.+]+)')
 DEB_URL = re.compile(r"wget\s+(https://\S+?\.deb)")
+GPU_APT_HOST = "https://repositories.intel.com/gpu/"
 LEVEL_ZERO_DEV = re.compile(r"/(level-zero-devel_|libze-dev_)[^/]+\.deb$")
 
 
@@ -107,6 +120,38 @@ def recipe(sdist: str, version: str) -> dict[str, Found]:
     out["python"] = Found(py, _line(df, "ARG PYTHON_VERSION", dfp))
 
     debs = DEB_URL.findall(base_text)
+    # Since 0.34: the driver from Intel's GPU apt repository (key, deb line, meta-package).
+    args = {
+        k: v.strip('"')
+        for i in base
+        if i["instruction"] == "ARG" and "=" in i["value"]
+        for k, v in [i["value"].split("=", 1)]
+    }
+    # Intel's GPU repository (repositories.intel.com/gpu), not the oneAPI one of 0.24 (oneapi_apt).
+    repo_run = next(
+        (
+            i["value"]
+            for i in base
+            if i["instruction"] == "RUN"
+            and "sources.list.d" in i["value"]
+            and GPU_APT_HOST in i["value"]
+        ),
+        "",
+    )
+    key = re.search(r"curl\s+(?:-\S+\s+)*(https://\S+)\s*\|\s*gpg", repo_run)
+    line = re.search(r'echo\s+"(deb \[[^"]+)"', repo_run)
+    deb_line = (
+        re.sub(r"\$\{(\w+)\}", lambda m: args.get(m.group(1), m.group(0)), line.group(1))
+        if line
+        else ""
+    )
+    packages = re.search(r"apt-get install\s+((?:-\S+\s+)*)([\w.+-]+(?:\s+[\w.+-]+)*)", repo_run)
+    out["gpu_apt_key"] = Found(key.group(1) if key else "", _line(df, "gpg --", dfp))
+    out["gpu_apt_repo"] = Found(deb_line, _line(df, 'echo "deb ', dfp))
+    out["gpu_apt_packages"] = Found(
+        packages.group(2).split() if packages and line else [],
+        _line(df, "apt-get install -y intel-", dfp),
+    )
     out["debs"] = Found(debs, _line(df, "wget https://", dfp))
     dev = [u.rsplit("/", 1)[1] for u in debs if LEVEL_ZERO_DEV.search(u)]
     out["level_zero_dev"] = Found(dev[0] if dev else "", _line(df, "level-zero", dfp))
@@ -150,6 +195,10 @@ def recipe(sdist: str, version: str) -> dict[str, Found]:
     out["xpu_kernels"] = Found(
         kernels.group(1) if kernels else "", _line(req, "vllm_xpu_kernels", reqp)
     )
+    kernels_index = re.search(r"^--extra-index-url[= ](\S*vllm-xpu-kernels\S*)", req, re.M)
+    out["xpu_kernels_index"] = Found(
+        kernels_index.group(1) if kernels_index else "", _line(req, "vllm-xpu-kernels", reqp)
+    )
 
     published = "vllm/vllm-openai-xpu:v${RELEASE_VERSION}" in pub
     out["upstream_image"] = Found(
@@ -157,3 +206,66 @@ def recipe(sdist: str, version: str) -> dict[str, Found]:
         _line(pub, "vllm-openai-xpu", ".buildkite/scripts/publish-release-images.sh"),
     )
     return out
+
+
+# .debs upstream installs that the table leaves out (skipped_debs), with the reason: matched on
+# the file name.
+SKIPPED_DEBS = {
+    "xpu-smi_": "xpu-smi is a management CLI, not used by vLLM; it needs a PPA and is not in the "
+    "source route",
+}
+
+
+def _fields() -> list[str]:
+    """The table's fields, in its order (scripts/xpu_recipe.py, the one list of them)."""
+    scripts = pathlib.Path(__file__).resolve().parents[2] / "scripts"
+    if str(scripts) not in sys.path:
+        sys.path.insert(0, str(scripts))
+    import xpu_recipe
+
+    return list(xpu_recipe.FIELDS)
+
+
+def row(sdist: str, version: str) -> dict:
+    """The release's table entry as docker/xpu-releases.toml holds it, from its sdist alone:
+    upstream's values, the sdist's own sha256, and the .debs SKIPPED_DEBS leaves out."""
+    found = recipe(sdist, version)
+    debs = found["debs"].value
+    skipped = [
+        [url, why]
+        for url in debs
+        for pattern, why in SKIPPED_DEBS.items()
+        if url.rsplit("/", 1)[1].startswith(pattern)
+    ]
+    values = {name: f.value for name, f in found.items() if name != "debs"}
+    values["umd"] = [u for u in debs if u not in {s[0] for s in skipped}]
+    values["skipped_debs"] = skipped
+    values["sdist_sha256"] = hashlib.sha256(pathlib.Path(sdist).read_bytes()).hexdigest()
+    return {name: values[name] for name in _fields()}
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # TOML basic strings escape as JSON does for these values
+    if not value:
+        return "[]"
+    items = [
+        "[" + ",\n   ".join(_toml(x) for x in v) + "]" if isinstance(v, list) else _toml(v)
+        for v in value
+    ]
+    return "[\n" + "".join(f"  {item},\n" for item in items) + "]"
+
+
+def render_row(sdist: str, version: str) -> str:
+    """The [release."VERSION"] table of docker/xpu-releases.toml, read from the release's sdist."""
+    lines = [f'[release."{version}"]']
+    lines += [f"{name} = {_toml(value)}" for name, value in row(sdist, version).items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: python -m tests.xpu.upstream SDIST VERSION")
+    print(render_row(sys.argv[1], sys.argv[2]), end="")

@@ -7,15 +7,17 @@ import importlib.util
 import json
 import os
 import pathlib
+import signal
 import sys
 import tempfile
 
 from .. import drain_forecast, startup_phases
 from . import errors, limits, paths, settings, timing, workload
-from .errors import ConfigError, Exit
-from .log import json_mode, log, record
+from .errors import ConfigError, Exit, StoppedBeforeStart
+from .log import json_mode, log, record, write_lines
 from .plan import Plan
 from .plan import plan as make
+from .signals import check_stop
 from .state import State
 
 
@@ -71,6 +73,7 @@ def count_files(path: pathlib.Path, limit: int) -> int:
     """Files under `path`, counted until `limit` is reached."""
     n = 0
     for _root, _dirs, files in os.walk(path):
+        check_stop("the compile-cache count")  # a cold network file system can be slow
         n += len(files)
         if n >= limit:
             break
@@ -89,6 +92,21 @@ def missing_device(env=os.environ, dri: pathlib.Path = pathlib.Path("/dev/dri"))
 
 
 def serve(args: list[str]) -> int:
+    """Every start-up phase ends with check_stop: a SIGTERM / SIGINT before vLLM is spawned ends
+    the start-up there (exit 128 + N, nothing to drain); from the spawn on the loop takes it."""
+    try:
+        return start(args)
+    except StoppedBeforeStart as e:
+        name = signal.Signals(e.sig).name
+        log(
+            f"{name} before vLLM was started (during {e.phase}): nothing to drain, exit {128 + e.sig}",
+            event="exit",
+            code=128 + e.sig,
+        )
+        return 128 + e.sig
+
+
+def start(args: list[str]) -> int:
     cfg = settings.serve_config(args)
     # Every input checked before anything starts: TMPDIR first (the state file's default is in it).
     paths.check_tmpdir()
@@ -102,12 +120,15 @@ def serve(args: list[str]) -> int:
     if missing:
         log(missing)
         return Exit.NO_DEVICE
+    check_stop("the settings' checks")
     plan = make_plan(cfg)  # may raise ConfigError: memory limit too small
     for note in cfg.notes:  # only now: a refused input is one line, not notes and then the error
         log(note)
+    check_stop("the plan")
     # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
     from .loop import Supervisor
 
+    check_stop("the imports")
     metrics = None
     if probe_port is not None:
         from .metrics import Metrics
@@ -127,6 +148,7 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
 
     tmp = pathlib.Path(tempfile.gettempdir())
     with janitor.run_dir(tmp, paths.shm_dir()) as run:
+        check_stop("the leftover sweep")
         # After the sweep (a dead run's segments no longer count), before anything starts.
         workload.check_shm(paths.shm_dir(), plan.shm_needed)
         settings.check_port(cfg.host, cfg.port)
@@ -137,6 +159,7 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
         Supervisor.block_signals()
         if probe_port is not None:
             serve_probes(sup, cfg, plan, probe_port, run.swept, run.path)
+        check_stop("the preflight checks")  # the last: a stop from here on is the loop's
         relay = start_relay() if json_mode() else None
         failed = sup.spawn(env, plan.pin, relay.child_fds() if relay else None)
         if relay:
@@ -159,9 +182,9 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
         try:
             code = sup.run()
             if sup.metrics and cfg.metrics_linger and sup.drained_requests():
-                sup.linger(cfg.metrics_linger)  # the outcome, for a last scrape
+                sup.linger(sup.time_left(cfg.metrics_linger))  # the outcome, for a last scrape
             if relay:
-                relay.join(RELAY_FLUSH_S)  # vLLM's last lines; every writer is gone by now
+                relay.join(sup.time_left(RELAY_FLUSH_S))  # vLLM's last lines; no writer is left
             return code
         finally:
             if progress:
@@ -285,10 +308,8 @@ def main(argv: list[str]) -> int:
         return COMMANDS[cmd](rest)
     except ConfigError as e:
         if json_mode() and cmd == "serve":
-            print(
-                record(str(e), level="error", event="config-error", code=int(Exit.CONFIG)),
-                file=sys.stderr,
-            )
+            line = record(str(e), level="error", event="config-error", code=int(Exit.CONFIG))
         else:
-            print(f"entrypoint.py: {e}", file=sys.stderr)
+            line = f"entrypoint.py: {e}"
+        write_lines(2, (line + "\n").encode("utf-8", "replace"))
         return Exit.CONFIG

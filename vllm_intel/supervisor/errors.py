@@ -23,6 +23,14 @@ class ConfigError(Exception):
     """Bad input: reported as one line, exit 64, nothing started."""
 
 
+class StoppedBeforeStart(Exception):
+    """SIGTERM / SIGINT before vLLM was started: nothing to drain, exit 128 + the signal."""
+
+    def __init__(self, sig: int, phase: str):
+        super().__init__(f"{sig} during {phase}")
+        self.sig, self.phase = sig, phase
+
+
 def exit_code(returncode: int, *, stop_requested: bool, escalated: bool) -> int:
     """The entrypoint's exit code for vLLM's returncode (Popen style: -N = killed by signal N)."""
     if escalated and returncode != 0:

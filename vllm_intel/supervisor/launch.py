@@ -25,6 +25,10 @@ def probe_over_http(kind: str, port: int) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if not argv or argv[0] == "serve":
+        from .signals import hold
+
+        hold()  # first: a stop from now on is kept pending, never dropped (signals.py)
     probe_port = os.environ.get("INTEL_VLLM_PROBE_PORT", "")
     if (
         len(argv) == 2

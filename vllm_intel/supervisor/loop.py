@@ -18,36 +18,12 @@ import time
 from .. import drain_forecast
 from . import errors, janitor, settings, timing
 from .errors import Exit
-from .log import log
+from .log import log, lost_lines
 from .observe import Observer
 from .reports import RunReports, phases_text
+from .signals import FORWARDED, NOT_FORWARDED, STOPPING, WATCHED  # noqa: F401 (tests read them here)
 from .state import State
 from .timing import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S
-
-STOPPING = frozenset({signal.SIGTERM, signal.SIGINT})
-# Not forwarded: SIGCHLD (ours), the job-control stop signals (a stopped vLLM would hold every
-# request), faults raised by our own code, SIGPIPE (raised by our own writes to a closed log
-# pipe) and what cannot be caught at all.
-NOT_FORWARDED = frozenset(
-    {
-        signal.SIGCHLD,
-        signal.SIGTSTP,
-        signal.SIGTTIN,
-        signal.SIGTTOU,
-        signal.SIGKILL,
-        signal.SIGSTOP,
-        signal.SIGSEGV,
-        signal.SIGBUS,
-        signal.SIGILL,
-        signal.SIGFPE,
-        signal.SIGABRT,
-        signal.SIGTRAP,
-        signal.SIGSYS,
-        signal.SIGPIPE,
-    }
-)
-FORWARDED = frozenset(signal.valid_signals()) - NOT_FORWARDED - STOPPING
-WATCHED = FORWARDED | STOPPING | {signal.SIGCHLD}
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -202,6 +178,7 @@ class Supervisor:
         self.exited_at: float | None = None  # time.monotonic() when the API server was reaped
         self.started = time.monotonic()
         self.stop_requested_at: float | None = None
+        self.exit_at: float | None = None  # every wait ends by then (timing.exit_by)
         self.was_serving = False  # at the stop request
         self.escalate_at: float | None = None
         self.kill_at: float | None = None
@@ -313,6 +290,7 @@ class Supervisor:
         self.stop_requested_at = now
         self.kill_at = now + timing.deadline(self.drain)
         self.escalate_at = self.kill_at - KILL_GRACE_S
+        self.exit_at = now + timing.exit_by(self.drain)
         self.was_serving = self.state == State.SERVING
         if self.metrics:
             self.metrics.window_s.set(self.drain)
@@ -410,11 +388,11 @@ class Supervisor:
         )
         # multiprocessing's resource tracker exits by itself right after the API server (and
         # unlinks what vLLM leaked); anything still there after ORPHAN_GRACE_S is an orphan.
-        self.wait_group(0 if self.escalated else ORPHAN_GRACE_S)
+        self.wait_group(self.time_left(0 if self.escalated else ORPHAN_GRACE_S))
         if self.group_alive():
             log("vLLM's API server is gone but its engine or workers are not: killing the group")
             self.signal_group(signal.SIGKILL)
-            self.wait_group(5)
+            self.wait_group(self.time_left(5))
         reap_all()
         log(self.summary(code), event="exit", code=int(code))
         if self.metrics and self.stop_requested_at is not None:
@@ -439,6 +417,14 @@ class Supervisor:
         counted = first is not None and first["running"] + first["waiting"] > 0
         return counted or bool(self.forecast and self.forecast.in_flight)
 
+    def time_left(self, seconds: float) -> float:
+        """`seconds`, cut to what is left before exit_at. Invariant: after a stop request every
+        wait of the supervisor (these, the linger, the relay's last lines) ends by exit_at, so the
+        orchestrator's SIGKILL at the end of the grace period never comes first."""
+        if self.exit_at is None:
+            return seconds
+        return max(min(seconds, self.exit_at - time.monotonic()), 0.0)
+
     def linger(self, seconds: float) -> None:
         """After vLLM's exit, keep the probe port's /metrics up `seconds` for a last scrape; a
         signal ends it at once."""
@@ -458,12 +444,13 @@ class Supervisor:
         rc = self.returncode
         how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with {rc}"
         if self.stop_requested_at is None:
-            return f"exit {code}: vLLM {how} without a stop request"
+            return f"exit {code}: vLLM {how} without a stop request" + lost_lines()
         took = time.monotonic() - self.stop_requested_at
         return (
             f"exit {code}: vLLM {how} {took:.1f} s after the stop request"
             + self.observer.summary(self.exited_at)
             + self.forecast_summary()
+            + lost_lines()
         )
 
     def forecast_summary(self) -> str:

@@ -15,18 +15,25 @@ import urllib.request
 from .timing import HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S, TICK_S
 
 
-def http_get(url: str, path: str, timeout: float) -> tuple[int, str]:
-    """(status, body) of GET url/path; (0, error) if it cannot connect. url: the server's base
-    address (settings.poll_url)."""
-    context = None
+def direct_opener(url: str) -> urllib.request.OpenerDirector:
+    """An opener that asks `url` itself. Invariant: every HTTP request the supervisor and `probe`
+    make goes to this host's vLLM or supervisor, so none goes through a proxy, whatever
+    http_proxy / no_proxy say (urlopen would honour them: a proxy could answer for vLLM)."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
     if url.startswith("https:"):
         import ssl
 
         # Our own server, reached by loopback or its bind address: its certificate names the
         # public host, not that address, so only the encryption is used, not the verification.
-        context = ssl._create_unverified_context()
+        handlers.append(urllib.request.HTTPSHandler(context=ssl._create_unverified_context()))
+    return urllib.request.build_opener(*handlers)
+
+
+def http_get(url: str, path: str, timeout: float) -> tuple[int, str]:
+    """(status, body) of GET url/path; (0, error) if it cannot connect. url: the server's base
+    address (settings.poll_url)."""
     try:
-        with urllib.request.urlopen(url + path, timeout=timeout, context=context) as r:
+        with direct_opener(url).open(url + path, timeout=timeout) as r:
             return r.status, r.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as e:
         return e.code, ""

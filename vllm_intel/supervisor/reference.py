@@ -25,7 +25,11 @@ class Setting:
 # (code, meaning): the table every doc shows.
 EXIT_CODES = (
     ("vLLM's own", "vLLM exited after a stop request: `0` after a clean drain"),
-    ("128+N", "vLLM died of signal N"),
+    (
+        "128+N",
+        "vLLM died of signal N; or signal N (SIGTERM, SIGINT) stopped the entrypoint before vLLM "
+        "was started: nothing to drain",
+    ),
     (
         str(Exit.CONFIG.value),
         "configuration error or a container too small for vLLM: one line, nothing started "

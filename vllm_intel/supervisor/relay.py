@@ -4,7 +4,9 @@ anything else (a progress bar, a C++ warning, a traceback) is wrapped (`event: o
 
 One thread, opt-in (the default log format starts none): it reads vLLM's stdout and stderr pipes
 until every process holding them has exited, and writes each line to the supervisor's own stdout
-or stderr. A line longer than MAX_LINE is cut into pieces, so memory stays bounded.
+or stderr (log.write_lines: a line nobody can take is dropped, so vLLM's pipes are always read and
+vLLM never blocks on its output). A line longer than MAX_LINE is cut into pieces, so memory stays
+bounded.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import sys
 import threading
 
 from .log import record, write_lines
@@ -67,7 +68,7 @@ class Relay(threading.Thread):
 
     def run(self) -> None:
         sel = selectors.DefaultSelector()
-        targets = {self.out_r: ("stdout", sys.stdout), self.err_r: ("stderr", sys.stderr)}
+        targets = {self.out_r: ("stdout", 1), self.err_r: ("stderr", 2)}
         buffers = {fd: bytearray() for fd in targets}
         for fd in targets:
             sel.register(fd, selectors.EVENT_READ)

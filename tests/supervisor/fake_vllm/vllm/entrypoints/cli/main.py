@@ -14,7 +14,9 @@ GET /metrics answers FAKE_RUNNING requests running (default 0) in Prometheus tex
 FAKE_METRICS_AFTER seconds have passed (default FAKE_READY_AFTER: before its engine is up, vLLM
 answers nothing); FAKE_METRICS=hang makes it never answer (the supervisor must forward signals
 regardless). Each "got SIG..." line
-carries the wall-clock time it arrived (`at T`).
+carries the wall-clock time it arrived (`at T`). Its lines also go to the file FAKE_LOG when set;
+FAKE_QUIET=1 prints nothing (a stalled stdout would block it); a line that cannot be printed (a
+closed or full pipe) is lost, as vLLM's logging loses it, never an exception.
 """
 
 import http.server
@@ -25,9 +27,21 @@ import sys
 import threading
 import time
 
+
+def say(line: str) -> None:
+    if os.environ.get("FAKE_LOG"):
+        with open(os.environ["FAKE_LOG"], "a") as f:
+            f.write(line + "\n")
+    if os.environ.get("FAKE_QUIET") != "1":
+        try:
+            print(line, flush=True)
+        except OSError:
+            pass
+
+
 args = sys.argv[1:]
 port = int(args[args.index("--port") + 1]) if "--port" in args else 8000
-print("fake vllm argv:", " ".join(args), flush=True)
+say("fake vllm argv: " + " ".join(args))
 start = time.monotonic()
 ready_after = float(os.environ.get("FAKE_READY_AFTER", "0"))
 metrics_after = float(os.environ.get("FAKE_METRICS_AFTER", ready_after))
@@ -53,7 +67,7 @@ if os.environ.get("FAKE_ZOMBIE"):
 
 
 def on_signal(sig, frame):
-    print(f"got {signal.Signals(sig).name} at {time.time():.6f}", flush=True)
+    say(f"got {signal.Signals(sig).name} at {time.time():.6f}")
     if sig == signal.SIGTERM:
         terms.append(time.monotonic())
 
@@ -118,7 +132,7 @@ while True:
     if exit_after:
         secs, code = exit_after.split(",")
         if time.monotonic() - start >= float(secs):
-            print("fake vllm: exiting by itself", flush=True)
+            say("fake vllm: exiting by itself")
             os._exit(int(code))
     if (
         terms
@@ -126,6 +140,7 @@ while True:
         and time.monotonic() - terms[0] >= float(os.environ.get("FAKE_DRAIN", "0"))
     ):
         kind, _, val = mode.partition(":")
+        say(f"fake vllm: drained, {mode}")
         if kind == "die":
             signal.signal(getattr(signal, val), signal.SIG_DFL)
             os.kill(os.getpid(), getattr(signal, val))
