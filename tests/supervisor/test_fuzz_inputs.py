@@ -293,6 +293,19 @@ SEEDS = [
     # the long variant)
     ("serve", "/" + "a" * 5000, [("--model", "")], {}, None),
     ("serve", "{model}", [("--model", "\n0")], {}, None),
+    # numbers the plan reads: Unicode digits (int() takes them) and 5000 digits (int() raises)
+    ("plan", "{model}", [], {"VLLM_CPU_KVCACHE_SPACE": "١٢"}, ""),
+    ("plan", "{model}", [], {"VLLM_CPU_KVCACHE_SPACE": "9" * 5000}, ""),
+    ("plan", "{model}", [], {"VLLM_MQ_MAX_CHUNK_BYTES_MB": "9" * 5000}, ""),
+    ("serve", "{model}", [("--port", "٨٠٠٠")], {}, ""),
+    ("grace-period", None, [], {"INTEL_VLLM_DRAIN_TIMEOUT": "١"}, ""),
+    # secrets on the command line: refused alike, never echoed
+    ("serve", "{model}", [("--api-key", "X")], {}, ""),
+    ("plan", "{model}", [("--api-key=", "X")], {}, ""),
+    # a user's existing file named as the state file: refused, never overwritten
+    ("serve", "{model}", [], {"INTEL_VLLM_STATE_FILE": "{canary}/c.yaml"}, ""),
+    # tensor parallel on one NUMA node: the plan binds each rank (or refuses: too few CPUs)
+    ("plan", "{model}", [("-tp", "2")], {}, ""),
 ]
 
 

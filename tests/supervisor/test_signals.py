@@ -183,7 +183,7 @@ def test_orphans_in_the_group_are_killed_and_reaped(run, tmp_path):
         os.kill(orphan, 0)
 
 
-@pytest.mark.parametrize("exit_code,expected", [("0", 70), ("5", 5)])
+@pytest.mark.parametrize("exit_code,expected", [("0", 70), ("5", 70), ("1", 70)])
 def test_unrequested_exit_is_reported(run, exit_code, expected):
     r = run({"FAKE_EXIT_AFTER": f"1,{exit_code}"})
     code, out, _ = r.finish()

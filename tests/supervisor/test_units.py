@@ -74,7 +74,8 @@ def test_state_file_default_and_override():
         (3, True, False, 3),  # vLLM's own code after a stop request
         (-11, True, False, 139),  # died of SIGSEGV
         (0, False, False, Exit.UNEXPECTED),  # exited by itself: must be restarted
-        (5, False, False, 5),
+        (5, False, False, Exit.UNEXPECTED),  # an engine that died: the table says 70 too
+        (-9, False, False, 137),  # killed by a signal nobody sent through us
         (-9, True, True, Exit.FORCED),  # we killed the group
         (0, True, True, 0),  # exited cleanly during the escalation
     ],

@@ -20,12 +20,12 @@ tests/supervisor/test_context.py holds the bound against vLLM's own check on its
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ConfigError, load_json, shown
 from .limits import GiB
 from .vllm_args import PRESENCE_ONLY
 
@@ -158,7 +158,14 @@ def _json(path) -> dict | None:
     try:
         if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:
             return None
-        data = json.loads(path.read_bytes())
-    except (OSError, ValueError):
+        raw = path.read_bytes()
+    except OSError:
         return None
+    try:
+        data = load_json(raw)
+    except ValueError as e:
+        if "nested" not in str(e):
+            return None  # not JSON: vLLM says so itself
+        # vLLM's own json.load would die in a RecursionError traceback after the imports
+        raise ConfigError(f"{shown(str(path), 200, quote=False)}: {e}") from None
     return data if isinstance(data, dict) else None

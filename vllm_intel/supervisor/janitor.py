@@ -33,7 +33,6 @@ import json
 import os
 import pathlib
 import re
-import shutil
 import stat
 import tempfile
 import time
@@ -42,6 +41,7 @@ from collections.abc import Callable, Iterable
 
 import psutil
 
+from .errors import load_json
 from .log import log
 from .paths import RUN_DIR_PREFIX
 from .timing import TICK_S
@@ -52,6 +52,10 @@ SHM_PATTERNS = (
     re.compile(r"sem\.mp-\w+"),
     re.compile(r"wnsm_\w+"),
     re.compile(r"vllm_intel_wake_[0-9a-f]+"),  # patch shm-busy-sleep's futex words
+    # the CPU communicator's segments under TP/PP (vllm/distributed/device_communicators/
+    # cpu_communicator.py: VLLM_DIST_IDENT, the basename of the run's file:// init method, then
+    # the group and its ranks; the C++ side adds _<rank>): `vllm_dist_<hex>-tp:0-[0-1]-cpushm_0`
+    re.compile(r"vllm_dist_[0-9a-f]+-[\w:.\[\]-]+-cpushm_[0-9]+"),
 )
 CLAIM_PREFIX, CLAIM_SUFFIX = "vllm-intel-run-", ".claim"
 LOCK_FILE = "supervisor.lock"
@@ -185,7 +189,7 @@ def create_locked(path: pathlib.Path, content: bytes = b"") -> int:
 def read_claim(fd: int) -> dict:
     """A claim's content; {} if it is empty or was cut mid-write by a crash."""
     try:
-        data = json.loads(os.pread(fd, 1 << 20, 0) or b"{}")
+        data = load_json(os.pread(fd, 1 << 20, 0) or b"{}")
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
@@ -432,12 +436,84 @@ def remove(paths: list[pathlib.Path]) -> list[str]:
 
 
 def remove_run_dir(path: pathlib.Path) -> list[str]:
-    """A run directory of ours: rmtree refuses a symlink and never follows one inside."""
+    """A run directory of ours, removed without crossing into anything that is not (remove_tree)."""
+    return [str(path)] if remove_tree(path) else []
+
+
+MOUNTINFO = pathlib.Path("/proc/self/mountinfo")
+
+
+def mount_points(mountinfo: pathlib.Path = MOUNTINFO) -> set[str]:
+    """Every mount point of this mount namespace (a bind mount of a directory of the same file
+    system has the same st_dev: only this list shows it)."""
     try:
-        shutil.rmtree(path)
-        return [str(path)]
+        text = mountinfo.read_text()
     except OSError:
-        return []
+        return set()
+    found = set()
+    for line in text.splitlines():
+        parts = line.split(" ")
+        if len(parts) > 4:  # octal escapes: \040 for a blank, \134 for a backslash
+            found.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4]))
+    return found
+
+
+def remove_tree(path: pathlib.Path, mounts: set[str] | None = None) -> bool:
+    """rm -r --one-file-system of a directory of ours, through directory fds (nothing swapped
+    for a symlink meanwhile is followed). Never enters a mount point (a bind mount: the user's
+    files), another file system, a symlink, or a directory another user owns: those are left,
+    and so their parents. True when `path` is gone."""
+    mounts = mount_points() if mounts is None else mounts
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        st = os.fstat(fd)
+        where = os.path.realpath(path)  # as mountinfo names it
+        if st.st_uid != os.geteuid() or where in mounts:
+            return False
+        emptied = _empty_dir(fd, where, st.st_dev, mounts)
+    finally:
+        os.close(fd)
+    try:
+        if emptied:
+            os.rmdir(path)
+            return True
+    except OSError:
+        pass
+    return False
+
+
+def _empty_dir(fd: int, where: str, dev: int, mounts: set[str]) -> bool:
+    """Remove what directory `fd` (at `where`) holds (see remove_tree); True when it is empty."""
+    empty = True
+    for entry in list(os.scandir(fd)):
+        name = entry.name
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                os.unlink(name, dir_fd=fd)
+                continue
+            inner = f"{where}/{name}"
+            if st.st_dev != dev or st.st_uid != os.geteuid() or inner in mounts:
+                empty = False
+                continue
+            sub = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd
+            )
+            try:
+                same = (os.fstat(sub).st_dev, os.fstat(sub).st_ino) == (st.st_dev, st.st_ino)
+                done = same and _empty_dir(sub, inner, dev, mounts)
+            finally:
+                os.close(sub)
+            if done:
+                os.rmdir(name, dir_fd=fd)
+            else:
+                empty = False
+        except OSError:
+            empty = False
+    return empty
 
 
 @dataclasses.dataclass
@@ -475,8 +551,8 @@ def run_dir(tmp_dir: pathlib.Path, shm_dir: pathlib.Path):
             removed = run.claim.release()
             if removed:
                 log(f"removed {len(removed)} shared memory leftover(s) of this run")
-        # mkdtemp made it, so it is ours; rmtree does not follow symlinks out of it.
-        shutil.rmtree(path, ignore_errors=True)
+        # mkdtemp made it, so it is ours; nothing mounted in it or not ours is entered.
+        remove_tree(path)
         os.close(lock_fd)
 
 

@@ -24,11 +24,23 @@ def probe_over_http(kind: str, port: int) -> int:
     return 0 if ok else 1
 
 
+def _interrupted(sig, frame) -> None:
+    """SIGINT (Ctrl-C) in a subcommand other than `serve`: one line and exit 130, wherever the
+    subcommand was (a KeyboardInterrupt would print a traceback from whatever it was doing)."""
+    os.write(2, b"entrypoint.py: interrupted (SIGINT)\n")
+    os._exit(130)
+
+
 def main(argv: list[str]) -> int:
     if not argv or argv[0] == "serve":
         from .signals import hold
 
         hold()  # first: a stop from now on is kept pending, never dropped (signals.py)
+    else:
+        import signal
+
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when ignored
+            signal.signal(signal.SIGINT, _interrupted)
     probe_port = os.environ.get("INTEL_VLLM_PROBE_PORT", "")
     if (
         len(argv) == 2

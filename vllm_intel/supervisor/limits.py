@@ -11,6 +11,8 @@ import os
 import pathlib
 from dataclasses import dataclass, field
 
+from .errors import ConfigError, parse_whole
+
 MiB = 1 << 20
 GiB = 1 << 30
 CGROUP_ROOT = pathlib.Path("/sys/fs/cgroup")
@@ -49,9 +51,10 @@ def read_text(path: pathlib.Path) -> str | None:
 
 
 def _int(text: str | None) -> int | None:
+    """A number of a cgroup file; None for `max`, nothing, or what is not a number."""
     try:
-        return int(text) if text not in (None, "", "max") else None
-    except ValueError:
+        return parse_whole("cgroup value", text) if text not in (None, "", "max") else None
+    except ConfigError:
         return None
 
 

@@ -10,7 +10,7 @@ import pathlib
 import stat
 import tempfile
 
-from .errors import ConfigError, shown
+from .errors import ConfigError, load_json, shown
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILTIN_MODELS = (
@@ -40,14 +40,53 @@ def make_private_dir(path: pathlib.Path) -> None:
     """Create `path` 0700, or accept it only as this user's private directory. Raises ConfigError."""
     try:
         path.mkdir(mode=0o700, exist_ok=True)
-        st = os.lstat(path)
     except OSError as e:
         raise ConfigError(f"cannot make {path}: {e.strerror or e}") from None
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+    if not is_private_dir(path):
         raise ConfigError(
             f"{path} is not this user's private directory (another user's, a symlink, or not "
             "mode 0700): remove it, or set INTEL_VLLM_STATE_FILE or TMPDIR"
         )
+
+
+def is_private_dir(path: pathlib.Path) -> bool:
+    """`path` is a directory (not a symlink) of this user that nobody else can write or read:
+    what make_private_dir makes. `probe` reads a state file only in such a directory (another
+    user can plant `vllm-intel-<uid>` in a shared /tmp first)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+STATE_KEYS = frozenset({"state", "pid", "port", "url", "child", "drain"})  # loop.write_state's
+
+
+def stale_state_file(path: pathlib.Path, st: os.stat_result) -> bool:
+    """An existing file at `path` that a supervisor of this user wrote (mode 0600, its keys) and
+    whose supervisor is gone (or was this process's pid: a restarted container's PID 1). Only
+    such a file may be replaced: anything else is the user's."""
+    if st.st_uid != os.geteuid() or stat.S_IMODE(st.st_mode) != 0o600 or st.st_size > 4096:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            data = load_json(f.read(4096))
+    except (OSError, ValueError):
+        return False
+    if not isinstance(data, dict) or set(data) != STATE_KEYS or type(data["pid"]) is not int:
+        return False
+    pid = data["pid"]
+    if pid == os.getpid() or not 0 < pid < 2**31:
+        return pid == os.getpid()
+    try:
+        os.kill(pid, 0)
+        return False  # its supervisor still runs: two servers must not share one state file
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
 
 
 def check_state_file(path: pathlib.Path) -> pathlib.Path:
@@ -74,6 +113,11 @@ def state_file_problem(path: pathlib.Path) -> str | None:
     if st is not None and not stat.S_ISREG(st.st_mode):
         kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
         return f"is {kind}; it must name a file the supervisor may replace and remove"
+    if st is not None and not stale_state_file(path, st):
+        return (
+            "is an existing file, not the state file of a stopped supervisor of this user: "
+            "the supervisor creates it and removes it at exit; name a path that does not exist"
+        )
     # The parent is created if missing; what exists of it must be directories.
     parent = next((p for p in path.parents if os.path.lexists(p)), None)
     if parent is not None and not parent.is_dir():

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from .errors import ConfigError, shown
+from .errors import ConfigError, parse_whole
 from .limits import GiB, Limits, MiB, format_cpu_list
 from .workload import Workload
 
@@ -79,6 +79,7 @@ class Plan:
     kv_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE
     pin_count: int = 0  # CPUs every vLLM process is confined to (0: no pin)
     pin: tuple[int, ...] | None = None  # which ones (placement.choose_pin)
+    rank_cpus: tuple[tuple[int, ...], ...] | None = None  # each worker's own CPUs (bind_ranks)
 
     @property
     def enabled(self) -> bool:
@@ -106,6 +107,11 @@ class Plan:
         lim, workers = self.limits, self.work.workers
         if "VLLM_CPU_OMP_THREADS_BIND" in self.yours or "OMP_NUM_THREADS" in self.yours:
             return "yours"
+        if self.rank_cpus is not None:
+            return (
+                f"each of the {workers} workers bound to CPUs of its own ({self.binding}): vLLM's "
+                f"auto binding needs a NUMA node per worker, {len(lim.nodes) or 1} allowed"
+            )
         if self.spare_cpus is not None:
             return (
                 f"vLLM auto over the {len(lim.cpus)} allowed CPUs (no quota below them), "
@@ -217,6 +223,8 @@ def _threads(limits: Limits, work: Workload, mode: str, yours: dict) -> dict:
             )
         return {}
     if quota is None or quota >= len(allowed):
+        if workers > 1 and len(limits.nodes) < workers:  # no nodes read: one node, as vLLM sees
+            return {} if mode == "0" else bind_ranks(limits, workers)
         return {"spare_cpus": len(allowed) - max(limits.cores - workers, workers)}
     if mode == "0":
         return {}
@@ -236,6 +244,25 @@ def _threads(limits: Limits, work: Workload, mode: str, yours: dict) -> dict:
     return {"omp_threads": count // workers, "binding": "nobind", "pin_count": pin_count}
 
 
+def bind_ranks(limits: Limits, workers: int) -> dict:
+    """VLLM_CPU_OMP_THREADS_BIND as CPU lists, one per worker (`0-3|4-7`), where vLLM's `auto`
+    cannot bind: it gives each worker a NUMA node of its own and asserts "Not enough allowed NUMA
+    nodes to bind threads of N local CPUWorkers" with fewer (vllm/utils/ompmultiprocessing.py).
+    Disjoint lists of equal size, node by node; the CPUs left over stay for the API server and
+    the engine core."""
+    allowed = limits.cpus
+    if len(allowed) < workers:
+        raise ConfigError(
+            f"{workers} vLLM CPU workers (TP x PP) need {workers} CPUs, the container "
+            f"allows {len(allowed)}: give it more CPUs or lower --tensor-parallel-size"
+        )
+    node_of = {c: n for n, cpus in limits.nodes.items() for c in cpus}
+    order = sorted(allowed, key=lambda c: (node_of.get(c, 0), c))
+    per = len(order) // workers
+    ranks = tuple(tuple(order[i * per : (i + 1) * per]) for i in range(workers))
+    return {"binding": "|".join(format_cpu_list(r) for r in ranks), "rank_cpus": ranks}
+
+
 def _readers_wait(p: Plan) -> bool:
     """Whether the shm queue readers should block on the writer's wake-up instead of spinning.
     Pinned to one CPU under a quota of at least one CPU, the processes cannot use more than the
@@ -244,7 +271,10 @@ def _readers_wait(p: Plan) -> bool:
     quota, allowed = p.limits.quota, p.limits.cpus
     under_quota = quota is not None and quota < len(allowed)
     one_cpu = p.pin_count == 1 and quota is not None and quota >= 1
-    no_spare = p.spare_cpus is not None and p.spare_cpus < SPARE_CPUS and len(allowed) > 1
+    spare = p.spare_cpus
+    if p.rank_cpus is not None:
+        spare = len(allowed) - sum(len(r) for r in p.rank_cpus)
+    no_spare = spare is not None and spare < SPARE_CPUS and len(allowed) > 1
     return p.enabled and SPIN not in p.yours and not one_cpu and (under_quota or no_spare)
 
 
@@ -253,9 +283,9 @@ def _kv_gib(limits: Limits, work: Workload, mode: str, yours: dict) -> int | Non
     your own value against the memory limit."""
     fixed, mem = fixed_bytes(work), limits.memory
     if "VLLM_CPU_KVCACHE_SPACE" in yours:
-        value = yours["VLLM_CPU_KVCACHE_SPACE"]
-        if not value.strip().isdigit():
-            raise ConfigError(f"VLLM_CPU_KVCACHE_SPACE must be whole GiB, not {shown(value)}")
+        value = str(
+            parse_whole("VLLM_CPU_KVCACHE_SPACE", yours["VLLM_CPU_KVCACHE_SPACE"], what="whole GiB")
+        )
         if mem is not None and int(value) * GiB + fixed > mem:
             raise ConfigError(
                 f"VLLM_CPU_KVCACHE_SPACE={value} GiB + {fixed_text(work)} do not fit memory.max "

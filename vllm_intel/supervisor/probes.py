@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import json
 import os
 import pathlib
 import selectors
@@ -22,7 +21,7 @@ import urllib.parse
 from collections.abc import Callable
 
 from . import paths, settings
-from .errors import ConfigError
+from .errors import ConfigError, load_json, shown
 from .log import log
 from .observe import healthy
 from .state import State
@@ -59,9 +58,9 @@ def parse_state(raw: bytes) -> dict:
     so a file anyone else wrote must not make it signal a process group or ask another host.
     Raises ValueError saying what is wrong."""
     try:
-        data = json.loads(raw)
-    except ValueError:  # UnicodeDecodeError included
-        raise ValueError("not JSON") from None
+        data = load_json(raw)
+    except ValueError as e:  # UnicodeDecodeError included
+        raise ValueError("not JSON" if "nested" not in str(e) else f"JSON {e}") from None
     if not isinstance(data, dict):
         raise ValueError("not a JSON object")
     pid = data.get("pid")
@@ -79,7 +78,10 @@ def parse_state(raw: bytes) -> dict:
 
 
 def url_problem(url) -> str | None:
-    """Why `url` is not one the supervisor would ask vLLM on (http(s) on this host), or None."""
+    """Why `url` is not one the supervisor would ask vLLM on (http(s) on this host), or None.
+    Printable ASCII without blanks only: http.client raises InvalidURL on a control character."""
+    if not isinstance(url, str) or not url.isascii() or not url.isprintable() or " " in url:
+        return f"url {shown(url)} is not a URL"
     try:
         parts = urllib.parse.urlsplit(url)
         parts.port  # noqa: B018 (raises ValueError on a bad port)
@@ -131,6 +133,13 @@ def probe(args: list[str], env=os.environ) -> int:
             "INTEL_VLLM_PORT", env.get("INTEL_VLLM_PORT", str(settings.DEFAULT_PORT))
         )
     path = paths.state_file(port, env)
+    if path.parent == paths.private_dir() and not paths.is_private_dir(path.parent):
+        print(
+            f"not {args[0]}: {path.parent} is not this user's private directory (another "
+            "user's, a symlink, or group/other may write it): its state file is not read",
+            file=sys.stderr,
+        )
+        return 1
     try:
         data = parse_state(read_state(path))
     except OSError:
@@ -164,6 +173,7 @@ MAX_PENDING = 128
 CONN_TIMEOUT_S = 5.0
 MAX_REQUEST = 8192  # request line and headers
 BACKLOG = 128
+ACCEPT_BACKOFF_S = 0.1  # out of fds (EMFILE): stop accepting this long, not spin on accept()
 REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -245,6 +255,7 @@ class ProbeServer:
         self._sel.register(self.socket, selectors.EVENT_READ, "listen")
         self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
         self._threads = [threading.Thread(target=self._read_loop, name="probes", daemon=True)]
+        self._resume_at: float | None = None  # accepting again then (after EMFILE)
 
     def start(self) -> ProbeServer:
         for t in self._threads:
@@ -271,6 +282,13 @@ class ProbeServer:
             if self._pending:
                 oldest = next(iter(self._pending.values()))[0]
                 timeout = max(oldest - time.monotonic(), 0.0)
+            if self._resume_at is not None:
+                left = self._resume_at - time.monotonic()
+                if left <= 0:
+                    self._resume_at = None
+                    self._sel.register(self.socket, selectors.EVENT_READ, "listen")
+                else:
+                    timeout = min(timeout, left)
             for key, _ in self._sel.select(timeout):
                 if key.data == "listen":
                     self._accept()
@@ -293,6 +311,10 @@ class ProbeServer:
                 return
             except OSError as e:  # EMFILE and the like: the connection waits in the backlog
                 log_once(f"probe port: cannot accept: {e}")
+                # The listening socket stays readable: stop watching it for a while (an fd may
+                # free meanwhile), or select() returns at once and the thread spins a core.
+                self._sel.unregister(self.socket)
+                self._resume_at = time.monotonic() + ACCEPT_BACKOFF_S
                 return
             if len(self._pending) >= MAX_PENDING:
                 self._drop(next(iter(self._pending)))

@@ -163,10 +163,11 @@ VLLM_SETTINGS = (
         "aliases (`*name`); values of the flags above must be scalars",
     ),
     Setting(
-        "--hf-token",
+        "--hf-token`, `--api-key",
         "",
         f"refused on the command line (exit {Exit.CONFIG.value}): every process can read "
-        "it in /proc/PID/cmdline; set `HF_TOKEN` in the environment instead",
+        "it in /proc/PID/cmdline; set `HF_TOKEN` / `VLLM_API_KEY` in the environment instead "
+        "(or put them in the `--config` file)",
     ),
 )
 

@@ -11,11 +11,11 @@ bounded.
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import threading
 
+from .errors import load_json
 from .log import record, write_lines
 
 MAX_LINE = 1 << 16
@@ -30,7 +30,7 @@ def as_json_line(raw: bytes, stream: str) -> bytes | None:
         return None
     if text.startswith("{"):
         try:
-            if isinstance(json.loads(text), dict):
+            if isinstance(load_json(text), dict):
                 return text.encode() + b"\n"
         except ValueError:
             pass

@@ -7,12 +7,12 @@ the "ready" line) and trusts nothing in them beyond their shape.
 
 from __future__ import annotations
 
-import json
 import os
 import pathlib
 import stat
 
 from ..startup_phases import PHASES
+from .errors import load_json
 
 
 class RunReports:
@@ -41,7 +41,7 @@ class RunReports:
                 with os.fdopen(fd, "rb") as f:
                     if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
                         continue
-                    data = json.loads(f.read(self.MAX_BYTES))
+                    data = load_json(f.read(self.MAX_BYTES))
             except (OSError, ValueError):
                 continue
             if (

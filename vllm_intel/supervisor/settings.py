@@ -11,11 +11,11 @@ import re
 import sys
 from dataclasses import dataclass
 
-from .errors import ConfigError, shown
+from .errors import ConfigError, parse_whole, shown
 from .log import FORMAT_ENV, FORMATS
 from .paths import BUILTIN_MODELS, check_model_path
 from .timing import DEFAULT_DRAIN_S, MARGIN_S, MAX_DRAIN_S, XPU_MIN_DRAIN_S
-from .vllm_args import MAX_DIGITS, VllmArgs, resolve
+from .vllm_args import VllmArgs, resolve
 
 DEFAULT_PORT = 8000
 
@@ -29,19 +29,17 @@ def device(env=os.environ) -> str:
 
 def parse_seconds(name: str, value: str | None, maximum: int = MAX_DRAIN_S) -> int:
     """Whole seconds, 0..maximum (ASCII digits, surrounding blanks allowed). Raises ConfigError."""
-    if not re.fullmatch(r"\s*[0-9]+\s*", value or ""):
-        raise ConfigError(f"{name} must be a whole number of seconds >= 0, not {shown(value)}")
-    digits = value.strip().lstrip("0") or "0"
-    if len(digits) > MAX_DIGITS or int(digits) > maximum:  # int() of 5000 digits would raise
-        raise ConfigError(f"{name} must be at most {maximum} seconds, not {shown(value.strip())}")
-    return int(digits)
+    return parse_whole(
+        name, value or "", 0, maximum, what="a whole number of seconds >= 0", unit=" seconds"
+    )
 
 
 def parse_port(name: str, value: str | None) -> int:
     """A TCP port number, 1..65535 (ASCII digits). Raises ConfigError."""
-    if re.fullmatch(r"\s*[0-9]{1,5}\s*", value or "") and 0 < int(value) < 65536:
-        return int(value)
-    raise ConfigError(f"{name} must be a port number (1-65535), not {shown(value)}")
+    try:
+        return parse_whole(name, value or "", 1, 65535, what="a port number (1-65535)")
+    except ConfigError:
+        raise ConfigError(f"{name} must be a port number (1-65535), not {shown(value)}") from None
 
 
 def check_port_number(name: str, port: int) -> int:

@@ -48,13 +48,12 @@ import re
 import stat
 from dataclasses import dataclass, field
 
-from .errors import ConfigError, shown
+from .errors import ConfigError, parse_whole, shown
 from .timing import MAX_DRAIN_S
 
 # Bounds on inputs: a value past them is refused (exit 64) before anything starts.
 MAX_CONFIG_BYTES = 1 << 20  # a --config file is a few vLLM flags, never megabytes
 MAX_PARALLEL = 1024  # --tensor-parallel-size, --pipeline-parallel-size and their product
-MAX_DIGITS = 12  # longer numbers are refused before int() (Python refuses > 4300 digits itself)
 
 # The flags read here, by vLLM dest: option strings and whether the flag takes a value.
 FLAGS = {
@@ -100,8 +99,14 @@ BOUNDS = {
 }
 # Read only for being given (context.py: the KV cache cannot be known before vLLM starts).
 PRESENCE_ONLY = ("hf_overrides", "hf_config_path", "kv_cache_memory_bytes")
-# Never on the command line: every process of the host can read /proc/PID/cmdline.
-SECRET_FLAGS = {"--hf-token": "HF_TOKEN"}
+# Every flag of `vllm serve` that carries a secret (vLLM 0.27.1 / 0.32.0: the hub token, the API
+# keys), and the environment variable vLLM reads instead. Never on the command line: every
+# process of the host can read /proc/PID/cmdline; refused in one line that names the variable
+# and never echoes the value. (A `--config` file may hold them: it is not in /proc.)
+SECRET_FLAGS = {"--hf-token": "HF_TOKEN", "--api-key": "VLLM_API_KEY"}
+# The shortest abbreviation argparse would take for each: `--hf-` is also --hf-overrides,
+# `--api-` also --api-server-count.
+SECRET_PREFIXES = {"--hf-token": "--hf-t", "--api-key": "--api-k"}
 OPTION_TO_DEST = {opt: dest for dest, (opts, _) in FLAGS.items() for opt in opts}
 MODEL_FLAG = re.compile(r"^--model(=.+|$)")
 
@@ -267,30 +272,19 @@ def _check_file_value(path: str, key: str, dest: str, value) -> None:
 def _parse_int(name: str, dest: str, value: str, origin: str, bounds: bool = True) -> int:
     """int(value) as argparse's type=int, refusing what no setting could mean (> MAX_DIGITS
     digits: Python itself refuses over 4300) and values outside BOUNDS. Raises ConfigError."""
-    if len(value.strip()) > MAX_DIGITS:
-        raise ConfigError(
-            f"{name} must be a whole number of at most {MAX_DIGITS} digits, not {shown(value)} "
-            f"(in {origin})"
-        )
-    try:
-        number = int(value)
-    except ValueError:
-        raise ConfigError(
-            f"{name} must be a whole number, not {shown(value)} (in {origin})"
-        ) from None
     lo, hi = BOUNDS.get(dest, (None, None)) if bounds else (None, None)
-    if lo is not None and hi is not None and not lo <= number <= hi:
-        raise ConfigError(f"{name} must be between {lo} and {hi}, not {number} (in {origin})")
-    if hi is not None and number > hi:
-        raise ConfigError(f"{name} must be at most {hi}, not {number} (in {origin})")
-    return number
+    try:
+        return parse_whole(name, value, lo, hi, signed=True)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (in {origin})") from None
 
 
 def _refuse_secret(raw: str) -> None:
-    """`--hf-token X` / `--hf-token=X` (or an abbreviation of it) on the command line."""
+    """A secret flag (SECRET_FLAGS: `--hf-token X`, `--api-key=X`, or an abbreviation of one) on
+    the command line."""
     name = _normalise(raw).split("=", 1)[0]
     for flag, env in SECRET_FLAGS.items():
-        if len(name) >= 6 and flag.startswith(name):  # an unambiguous prefix, as argparse takes
+        if name.startswith(SECRET_PREFIXES[flag]) and flag.startswith(name):  # as argparse takes
             raise ConfigError(
                 f"{flag} on the command line: every process can read it in /proc/PID/cmdline; "
                 f"set the {env} environment variable instead"

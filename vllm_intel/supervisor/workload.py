@@ -14,7 +14,7 @@ import stat
 from dataclasses import dataclass
 
 from .context import Context, context
-from .errors import ConfigError, shown
+from .errors import ConfigError, parse_whole, shown
 from .limits import GiB, MiB
 from .paths import path_exists, user_path
 from .vllm_args import resolve
@@ -88,14 +88,10 @@ def shm_segments(flags: list[str], env=os.environ) -> list[tuple[str, int]]:
 
 def _segments(flags: list[str], tp: int, pp: int, env) -> list[tuple[str, int]]:
     workers = tp * pp
-    chunk_mb = env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", "16")
-    if not chunk_mb.strip().isdigit():
-        raise ConfigError(
-            f"VLLM_MQ_MAX_CHUNK_BYTES_MB must be a whole number, not {shown(chunk_mb)}"
-        )
-    segs = [
-        ("executor broadcast queue", ring_buffer_bytes(int(chunk_mb) * MiB, MQ_CHUNKS, workers))
-    ]
+    chunk_mb = parse_whole(
+        "VLLM_MQ_MAX_CHUNK_BYTES_MB", env.get("VLLM_MQ_MAX_CHUNK_BYTES_MB", "16")
+    )
+    segs = [("executor broadcast queue", ring_buffer_bytes(chunk_mb * MiB, MQ_CHUNKS, workers))]
     segs += [
         ("worker response queue", ring_buffer_bytes(MQ_RESPONSE_CHUNK, MQ_CHUNKS, 1))
     ] * workers

@@ -1,0 +1,54 @@
+"""Tensor parallel on CPU, as docs/deploy.md offers it: `serve MODEL --tensor-parallel-size 2` on
+this host (one NUMA node, where vLLM's automatic binding refuses two ranks: "Not enough allowed
+NUMA nodes to bind threads of 2 local CPUWorkers"). The plan binds each rank's threads itself; the
+server serves, drains the streams in flight, leaves no process, no shared memory (the TP
+communicator's `vllm_dist_*cpushm_*` segments included) and no run directory, and a second server
+on the same host starts and serves right after."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import signal
+
+import pytest
+
+from tests.harness import Streams
+
+from .conftest import assert_nothing_left
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+SHM = pathlib.Path("/dev/shm")
+TP = ("--tensor-parallel-size", "2", "--enforce-eager", "--max-model-len", "512")
+TOKENS = 400
+
+
+def communicator_segments() -> set[str]:
+    return {p.name for p in SHM.iterdir() if p.name.startswith("vllm_dist_")}
+
+
+def test_tp2_on_one_numa_node_serves_drains_and_leaves_nothing(serve):
+    before = communicator_segments()
+    s = serve(*TP, drain=60)
+    plan = re.search(r"VLLM_CPU_OMP_THREADS_BIND=(\S+)", s.text())
+    assert plan and plan.group(1).count("|") == 1, s.tail()  # one CPU list per rank
+    made = communicator_segments() - before
+    assert made, "no TP communicator segment in /dev/shm: the leftover check would prove nothing"
+    streams = Streams(s.url, s.model, n=4, max_tokens=TOKENS)
+    streams.wait_running(s.url, timeout=120)
+    s.signal(signal.SIGTERM)
+    results = streams.join()
+    assert s.wait(timeout=90) == 0, s.tail()
+    assert [r.done and r.finish_reason == "length" and r.tokens == TOKENS for r in results] == [
+        True
+    ] * 4, results
+    assert_nothing_left(s)
+    assert communicator_segments() <= before, communicator_segments() - before
+    # The same host, right after: a second tensor-parallel server starts and serves.
+    again = serve(*TP, drain=30)
+    done = Streams(again.url, again.model, n=1, max_tokens=8).join()
+    assert done[0].done and done[0].tokens == 8, done
+    again.signal(signal.SIGTERM)
+    assert again.wait(timeout=90) == 0, again.tail()
+    assert_nothing_left(again)
+    assert communicator_segments() <= before, communicator_segments() - before
