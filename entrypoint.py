@@ -6,13 +6,16 @@ The image's ENTRYPOINT and the documented command; the code is the vllm_intel pa
 exit codes, all rendered from vllm_intel/supervisor/settings.py.
 """
 
-import signal
+import _signal  # the C module: `import signal` builds enums for milliseconds, unprotected
 import sys
 
 # `serve` (the default) holds the stop signals from its first line: the kernel drops a SIGTERM sent
-# to PID 1 at its default action, never a blocked one (vllm_intel/supervisor/signals.py).
+# to PID 1 at its default action, never a blocked one (vllm_intel/supervisor/signals.py). The other
+# subcommands hold SIGINT until their handler is in place (launch.main): one line, never a traceback.
 if sys.argv[1:2] in ([], ["serve"]):
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGTERM, _signal.SIGINT})
+else:
+    _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
 
 import pathlib  # noqa: E402
 

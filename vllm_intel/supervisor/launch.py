@@ -41,6 +41,7 @@ def main(argv: list[str]) -> int:
 
         if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not when ignored
             signal.signal(signal.SIGINT, _interrupted)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # entrypoint.py held it
     probe_port = os.environ.get("INTEL_VLLM_PROBE_PORT", "")
     if (
         len(argv) == 2
