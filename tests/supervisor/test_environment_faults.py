@@ -317,3 +317,120 @@ def test_the_metrics_linger_after_a_forced_drain_ends_before_the_grace_period(ru
     print(f"linger after a forced drain: exit {r.proc.returncode} {took:.2f} s after SIGTERM")
     assert r.proc.returncode == 124, f"exit {r.proc.returncode} after {took:.1f} s\n{out}"
     assert took < timing.grace_period(0), took
+
+
+# -- the run directory full or read-only, file descriptors exhausted, a slow child ----------------
+
+
+def serve_in(tmp: pathlib.Path, *, mount: str = "", nofile: int = 0, env: dict | None = None):
+    """entrypoint.py serve with TMPDIR=tmp/run: under `mount` (tmpfs options, in a mount namespace
+    of its own: nothing outside sees it) and/or a file-descriptor limit of `nofile`."""
+    import resource
+
+    run_dir, model = tmp / "run", tmp / "model"
+    run_dir.mkdir(exist_ok=True)
+    model.mkdir(exist_ok=True)
+    port = free_port()
+    argv = [sys.executable, str(ROOT / "entrypoint.py"), "serve", str(model), "--port", str(port)]
+    if mount:  # fill a writable mount first: a disk full before the supervisor starts
+        fill = f"dd if=/dev/zero of={run_dir}/fill bs=4k 2>/dev/null;" if "ro" not in mount else ""
+        script = f'mount -t tmpfs -o {mount} tmpfs {run_dir} && {fill} exec "$@"'
+        argv = ["unshare", "--mount", "sh", "-c", script, "sh", *argv]
+
+    def limit():
+        if nofile:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
+
+    full_env = dict(
+        os.environ,
+        PYTHONPATH=str(FAKE),
+        TMPDIR=str(run_dir),
+        INTEL_VLLM_DRAIN_TIMEOUT="1",
+        INTEL_VLLM_PROBE_PORT=str(free_port()),
+        **(env or {}),
+    )
+    proc = subprocess.Popen(
+        argv,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        preexec_fn=limit,
+    )
+    return proc, full_env
+
+
+def ready(env: dict) -> bool:
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "entrypoint.py"), "probe", "ready"],
+        env=env,
+        capture_output=True,
+    )
+    return r.returncode == 0
+
+
+def stop_when_ready(proc, env, timeout: float = 30) -> tuple[int, float, str]:
+    end = time.monotonic() + timeout
+    while not ready(env):
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate()[0]
+        time.sleep(0.2)
+    supervisor = proc.pid
+    if os.path.basename(proc.args[0]) == "unshare":  # sh exec'd python in unshare's place
+        supervisor = proc.pid
+    t0 = time.monotonic()
+    os.kill(supervisor, signal.SIGTERM)
+    out, _ = proc.communicate(timeout=timing.grace_period(1))
+    return proc.returncode, time.monotonic() - t0, out
+
+
+@NEEDS_UNSHARE
+def test_a_read_only_run_directory_is_refused_in_one_line(tmp_path):
+    t0 = time.monotonic()
+    proc, _ = serve_in(tmp_path, mount="ro,size=1m")
+    out, _ = proc.communicate(timeout=30)
+    took = time.monotonic() - t0
+    print(f"read-only TMPDIR: exit {proc.returncode} after {took:.2f} s: {out.strip()}")
+    assert proc.returncode == 64 and out.strip().count("\n") == 0, out
+    assert "is not writable (Read-only file system)" in out and took < 10, (took, out)
+
+
+@NEEDS_UNSHARE
+def test_a_full_run_directory_still_serves_and_drains(tmp_path):
+    """The supervisor's own files there are small (the run directory, its claims); a disk full
+    before the start leaves them unwritten, and it serves and drains all the same."""
+    proc, env = serve_in(tmp_path, mount="size=64k")
+    code, took, out = stop_when_ready(proc, env)
+    print(f"full TMPDIR: exit {code} {took:.2f} s after SIGTERM")
+    assert code == 0 and took < timing.deadline(1), out
+    assert "drained, exit:0" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("nofile", [8, 16])
+def test_exhausted_file_descriptors_end_in_one_line_or_serve(tmp_path, nofile):
+    """8: not even the probe port's socket or vLLM's pipes can be made: one line, 64 (the probe
+    port cannot be served) or 126 (vLLM could not be executed); 16: enough for the supervisor and
+    the child, which serve and drain as usual."""
+    proc, env = serve_in(tmp_path, nofile=nofile)
+    if nofile == 8:  # with the probe port: its socket is the one refused, a config error
+        out, _ = proc.communicate(timeout=30)
+        print(f"nofile 8: exit {proc.returncode}: {out.strip().splitlines()[-1]}")
+        assert proc.returncode in (64, 126) and "Too many open files" in out, out
+        assert "Traceback" not in out, out
+        return
+    code, took, out = stop_when_ready(proc, env)
+    print(f"nofile {nofile}: exit {code} {took:.2f} s after SIGTERM")
+    assert code == 0 and took < timing.deadline(1) and "Traceback" not in out, out
+
+
+def test_a_slow_child_that_ignores_sigterm_is_killed_at_the_deadline(run):
+    """vLLM still loading (never ready) and deaf to SIGTERM: the group is killed at the deadline
+    and the supervisor exits 124 before the orchestrator's grace period ends."""
+    r = run({"FAKE_READY_AFTER": "600", "FAKE_ON_TERM": "ignore", "INTEL_VLLM_DRAIN_TIMEOUT": "0"})
+    r.wait_for(lambda: r.state() == "STARTING")
+    time.sleep(1)  # the fake has its handlers by then (a real vLLM: from its first imports on)
+    t0 = time.monotonic()
+    r.signal(signal.SIGTERM)
+    code, out, _ = r.finish(timeout=timing.grace_period(0))
+    took = time.monotonic() - t0
+    print(f"slow child deaf to SIGTERM: exit {code} {took:.2f} s after SIGTERM")
+    assert code == 124 and timing.deadline(0) - 1 < took < timing.grace_period(0), (took, out)

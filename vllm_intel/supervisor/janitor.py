@@ -474,6 +474,8 @@ def remove_tree(path: pathlib.Path, mounts: set[str] | None = None) -> bool:
         if st.st_uid != os.geteuid() or where in mounts:
             return False
         emptied = _empty_dir(fd, where, st.st_dev, mounts)
+    except OSError:  # EMFILE, EIO, ...: what is left is a dead run's, the next start sweeps it
+        return False
     finally:
         os.close(fd)
     try:
