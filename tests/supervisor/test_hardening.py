@@ -356,6 +356,9 @@ def test_the_cpu_communicator_segments_are_the_runs(tmp_path):
     name = "vllm_dist_0123456789abcdef0123456789abcdef-tp:0-[0-1]-cpushm_0"
     assert janitor.is_vllm_shm(name)
     assert janitor.is_vllm_shm(name.replace("_0", "_1", 1).replace("cpushm_0", "cpushm_1"))
+    # what Intel OpenMP leaves of a killed process (GNU OpenMP leaves nothing there)
+    assert janitor.is_vllm_shm("__KMP_REGISTERED_LIB_4242_0")
+    assert not janitor.is_vllm_shm("__KMP_REGISTERED_LIB_4242_0.tmp")
     shm = tmp_path / "shm"
     shm.mkdir()
     ours, theirs = shm / name, shm / name.replace("0123", "ffff")

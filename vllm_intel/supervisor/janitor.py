@@ -56,6 +56,9 @@ SHM_PATTERNS = (
     # cpu_communicator.py: VLLM_DIST_IDENT, the basename of the run's file:// init method, then
     # the group and its ranks; the C++ side adds _<rank>): `vllm_dist_<hex>-tp:0-[0-1]-cpushm_0`
     re.compile(r"vllm_dist_[0-9a-f]+-[\w:.\[\]-]+-cpushm_[0-9]+"),
+    # Intel OpenMP's registration of each process that loads it (libiomp5: `__KMP_REGISTERED_LIB_
+    # <pid>_<uid>`, shm_open'ed and mapped; left behind when the process is killed)
+    re.compile(r"__KMP_REGISTERED_LIB_[0-9]+(_[0-9]+)?"),
 )
 CLAIM_PREFIX, CLAIM_SUFFIX = "vllm-intel-run-", ".claim"
 LOCK_FILE = "supervisor.lock"
