@@ -98,6 +98,22 @@ def test_a_dead_proxy_does_not_keep_a_ready_vllm_starting_nor_fail_probe(run):
     assert code == 0, out
 
 
+def fake_env(tmp_path: pathlib.Path, **extra: str) -> dict[str, str]:
+    """The environment of a supervisor of the fake vLLM in `tmp_path` (its model, /dev/shm stand-in
+    and state file there), a drain of 1 s, plus `extra`."""
+    (tmp_path / "model").mkdir(exist_ok=True)
+    (tmp_path / "shm").mkdir(exist_ok=True)
+    return dict(
+        os.environ,
+        PYTHONPATH=str(FAKE),
+        TMPDIR=str(tmp_path),
+        INTEL_VLLM_STATE_FILE=str(tmp_path / "state.json"),
+        INTEL_VLLM_SHM_DIR=str(tmp_path / "shm"),
+        INTEL_VLLM_DRAIN_TIMEOUT="1",
+        **extra,
+    )
+
+
 # -- a SIGTERM while PID 1 is starting ------------------------------------------------------------
 
 NEEDS_UNSHARE = pytest.mark.skipif(
@@ -133,19 +149,8 @@ def test_a_sigterm_at_any_moment_of_pid1_start_up_ends_it(tmp_path, moment):
     signal); `0.2s`: during the supervisor's own start-up (sweep, plan, checks); `spawned`: vLLM
     is starting. Before vLLM is spawned there is nothing to drain: exit 128+15 at once; after,
     vLLM's own code (the fake exits 0 on SIGTERM)."""
-    (tmp_path / "model").mkdir()
-    (tmp_path / "shm").mkdir()
     port = free_port()
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(FAKE),
-        TMPDIR=str(tmp_path),
-        INTEL_VLLM_STATE_FILE=str(tmp_path / "state.json"),
-        INTEL_VLLM_SHM_DIR=str(tmp_path / "shm"),
-        INTEL_VLLM_DRAIN_TIMEOUT="1",
-        FAKE_READY_AFTER="600",
-        FAKE_LOG=str(tmp_path / "fake.log"),
-    )
+    env = fake_env(tmp_path, FAKE_READY_AFTER="600", FAKE_LOG=str(tmp_path / "fake.log"))
     argv = [sys.executable, str(ROOT / "entrypoint.py"), "serve", str(tmp_path / "model")]
     t0 = time.monotonic()
     proc = subprocess.Popen(
@@ -235,17 +240,10 @@ def test_a_full_log_pipe_does_not_stall_the_drain(tmp_path, log_format):
     """The reader is there but reads nothing (a stalled log shipper): the pipe is full from the
     start. The supervisor's lines (and in JSON mode vLLM's, which it relays) are dropped, the drain
     ends as usual. In text mode vLLM writes to the same pipe itself: the fake is quiet."""
-    (tmp_path / "model").mkdir()
-    (tmp_path / "shm").mkdir()
     fake_log = tmp_path / "fake.log"
     port = free_port()
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(FAKE),
-        TMPDIR=str(tmp_path),
-        INTEL_VLLM_STATE_FILE=str(tmp_path / "state.json"),
-        INTEL_VLLM_SHM_DIR=str(tmp_path / "shm"),
-        INTEL_VLLM_DRAIN_TIMEOUT="1",
+    env = fake_env(
+        tmp_path,
         INTEL_VLLM_LOG_FORMAT=log_format,
         FAKE_DRAIN="1",
         FAKE_LOG=str(fake_log),
