@@ -40,12 +40,10 @@ supervisor's janitor if the process dies). Where the futex cannot be had (no /de
 Linux on x86-64 or aarch64) the reader sleeps ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S`` between checks,
 which is what vllm PR #52848 does. The wake-up serves more than the sleep, whose every check is
 a wake-up costing CPU, both under a quota and on one CPU; what is left against a one-CPU cpuset is
-running on two CPUs (docs/bench.md, "Measured outside `make bench`", "`shm-busy-sleep`").
-Tried and rejected (same section): shortening the window (vllm PR #52814's
-``VLLM_SHM_BROADCAST_BUSY_LOOP_S``): on 0.32.0 a reader parked on the zmq notification missed
-wake-ups and serving stalled; blocking on that zmq notification inside the window (with a
-timeout): readers sat out their timeouts and served less than the sleep; longer sleeps or a first
-sleep scaled to the last wait: slower. Unset or 0: vLLM's ``sched_yield``, nothing patched.
+running on two CPUs (docs/bench.md, "Measured outside `make bench`", "`shm-busy-sleep`", which
+also has the alternatives measured against it). The busy window and vLLM's zmq notification stay
+vLLM's: only what happens inside the window changes. Unset or 0: vLLM's ``sched_yield``, nothing
+patched.
 """
 
 from __future__ import annotations
