@@ -25,6 +25,7 @@ A patch is one object (module attribute ``PATCH``) with:
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.util
 import os
@@ -388,21 +389,32 @@ def target_node(tree: ast.Module, qualname: str) -> ast.AST | None:
     return tree if not qualname else find_def(tree, *qualname.split("."))
 
 
+def _digest(tree: ast.Module | None, qualname: str) -> str | None:
+    node = None if tree is None else target_node(tree, qualname)
+    return None if node is None else hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
+
+
+def _tree(src: str | None) -> ast.Module | None:
+    try:
+        return None if src is None else ast.parse(src)
+    except (SyntaxError, ValueError):
+        return None
+
+
 def fingerprint_source(src: str | None, qualname: str) -> str | None:
     """sha256 (16 hex digits) of the AST of ``qualname`` in a module's source: comments, blank
     lines and formatting do not count, any change of code does. None: no such definition."""
-    if src is None:
-        return None
-    try:
-        node = target_node(ast.parse(src), qualname)
-    except (SyntaxError, ValueError):
-        return None
-    if node is None:
-        return None
-    return hashlib.sha256(ast.dump(node).encode()).hexdigest()[:16]
+    return _digest(_tree(src), qualname)
+
+
+@functools.cache
+def _installed_tree(modname: str) -> ast.Module | None:
+    """An installed module's AST, parsed once per process: several targets of several patches
+    live in one module (vllm.v1.engine.core), and installed code does not change under us."""
+    return _tree(module_source(modname))
 
 
 def fingerprint(target: str) -> str | None:
     """The fingerprint of an installed target ``"module:Qual.name"`` (None: absent)."""
     module, _, qualname = target.partition(":")
-    return fingerprint_source(module_source(module), qualname)
+    return _digest(_installed_tree(module), qualname)

