@@ -1,4 +1,4 @@
-"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,stall,image,metrics,rolling,memory,real]
+"""python -m bench [--quick] [--repeat N] [--only drain,overhead,patches,idle,limits,stall,image,metrics,rolling,memory,real,runtime]
 
 Measures each figure for our variant and its alternative in one run on this machine, alternating
 A/B/A/B so drift hits both alike, prints a Markdown table (min / median / max of the repeats) and
@@ -31,6 +31,7 @@ SECTIONS = (
     "rolling",
     "memory",
     "real",
+    "runtime",
 )  # cheapest first: a partial run keeps the most
 
 
@@ -109,7 +110,7 @@ def save(path, rows, info, args, done, failed) -> None:
     path.write_text(json.dumps(data, indent=2, default=str))
 
 
-def main(argv: list[str]) -> int:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m bench",
         description=__doc__,
@@ -156,6 +157,47 @@ def main(argv: list[str]) -> int:
         help="section real: comma-separated answer lengths of the drain runs (default "
         "256,512,1024); the speeds run stays, it makes the drain runs' starts warm",
     )
+    p.add_argument(
+        "--runtime-shapes",
+        default=None,
+        help="section runtime: comma-separated shapes of tools/build_model.py (default "
+        "qwen2.5-0.5b,llama-3.2-1b; --quick: qwen2.5-0.5b)",
+    )
+    p.add_argument(
+        "--runtime-quota",
+        choices=("both", "off", "on"),
+        default=None,
+        help="section runtime: the CPU settings, each a start of the arms of its own: off = the "
+        "host's CPUs, on = --cpus 1, both (default; --quick: off)",
+    )
+    p.add_argument(
+        "--runtime-arms",
+        help="section runtime: comma-separated arms of bare, upstream, ours, ours-spin (default "
+        "all; ours and upstream always run): fewer arms for a shape whose memory limits do not "
+        "fit the host four times",
+    )
+    return p
+
+
+def section_options(name: str, args: argparse.Namespace) -> dict:
+    """The options of section `name`'s run() (keyword arguments beside repeat and quick)."""
+    return {
+        "limits": {
+            "arms": args.limits_arms,
+            "starts": args.limits_starts,
+            "shape": args.limits_shape,
+        },
+        "real": {"shapes": args.real_shapes, "drains": args.real_drains},
+        "runtime": {
+            "shapes": args.runtime_shapes,
+            "quota": args.runtime_quota,
+            "arms": args.runtime_arms,
+        },
+    }.get(name, {})
+
+
+def main(argv: list[str]) -> int:
+    p = parser()
     args = p.parse_args(argv)
     if args.repeat is None:
         args.repeat = 1 if args.quick else 3
@@ -179,15 +221,7 @@ def main(argv: list[str]) -> int:
         t = time.monotonic()
         try:
             module = importlib.import_module(f"bench.{name}")
-            extra = {
-                "limits": {
-                    "arms": args.limits_arms,
-                    "starts": args.limits_starts,
-                    "shape": args.limits_shape,
-                },
-                "real": {"shapes": args.real_shapes, "drains": args.real_drains},
-            }.get(name, {})
-            rows += module.run(args.repeat, args.quick, **extra)
+            rows += module.run(args.repeat, args.quick, **section_options(name, args))
             done.append(name)
         except Exception as e:  # a broken section must not cost the others' results
             traceback.print_exc()

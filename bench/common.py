@@ -13,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -28,7 +28,6 @@ from tests.harness import (
     shm_segments,
 )
 from vllm_intel.supervisor import paths
-from vllm_intel.supervisor.placement import pids_cpu_s
 
 MODEL = ROOT / "build" / "tiny-llama"
 RESULTS = ROOT / "bench" / "results"
@@ -233,6 +232,20 @@ def pair_ratios(ours: list, alt: list) -> list[float]:
 # ---------------------------------------------------------------------------------- load
 
 
+def pids_cpu_s(pids) -> float:
+    """CPU seconds (user + system) used so far by these processes, each with the children it has
+    reaped (vLLM runs short-lived helpers: their CPU must not vanish when they exit). Gone
+    processes count nothing."""
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) used so far by pid and its live descendants, each with its
     reaped children."""
@@ -267,26 +280,37 @@ def curl_batch(
     tokens: int,
     cpu_seconds: Callable[[], float],
     more: dict[str, Callable[[], float]] | None = None,
+    *,
+    prompt: str | Sequence[str] = "def main(",
 ) -> dict:
     """`streams` streaming completions of `tokens` tokens each, started together, one `curl`
     process per stream (clients outside the bench's own interpreter, as a user's are: Python
     client threads in this process share its GIL and change how the server gets scheduled).
+    `prompt`: every stream's, or a sequence of one per stream (prompts that share no prefix are
+    not served from vLLM's prefix cache).
 
     Returns ok (every stream HTTP 200, `[DONE]`, `tokens` completion tokens by its usage chunk),
     the slowest stream's first byte (curl's clock), tokens/s of the batch and CPU ms per generated
     token (`cpu_seconds()`: the server's CPU so far), and `cpu_ms_NAME` per token for each of
-    `more` (NAME -> another CPU seconds so far)."""
-    body = json.dumps(
-        {
-            "model": model,
-            "prompt": "def main(",
-            "max_tokens": tokens,
-            "ignore_eos": True,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "temperature": 0.0,
-        }
-    )
+    `more` (NAME -> another CPU seconds so far); prompt_tokens (the streams' sum, by their usage
+    chunks) and prompt_tok_s (that over the batch's wall time)."""
+    prompts = [prompt] * streams if isinstance(prompt, str) else list(prompt)
+    if len(prompts) != streams:
+        raise ValueError(f"{len(prompts)} prompts for {streams} streams")
+    bodies = [
+        json.dumps(
+            {
+                "model": model,
+                "prompt": text,
+                "max_tokens": tokens,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "temperature": 0.0,
+            }
+        )
+        for text in prompts
+    ]
     outs = [tempfile.NamedTemporaryFile(prefix="bench-stream-", dir=tmp) for _ in range(streams)]
     more = more or {}
     m0 = {name: f() for name, f in more.items()}
@@ -299,18 +323,20 @@ def curl_batch(
             stdout=subprocess.PIPE,
             text=True,
         )
-        for out in outs
+        for out, body in zip(outs, bodies)
     ]
     rows = [p.communicate()[0].split() for p in procs]
     wall = time.monotonic() - t
     cpu = cpu_seconds() - c0
     m1 = {name: f() for name, f in more.items()}
-    done = []
+    done, prompt_tokens = [], 0
     for out in outs:
         text = pathlib.Path(out.name).read_text(errors="replace")
         out.close()
         usage = [ln for ln in text.splitlines() if '"completion_tokens"' in ln]
-        got = json.loads(usage[-1][len("data: ") :])["usage"]["completion_tokens"] if usage else 0
+        counts = json.loads(usage[-1][len("data: ") :])["usage"] if usage else {}
+        got = counts.get("completion_tokens", 0)
+        prompt_tokens += counts.get("prompt_tokens") or 0
         done.append("data: [DONE]" in text and got == tokens)
     ok = all(r and r[0] == "200" for r in rows) and all(done)
     first = [float(r[1]) for r in rows if len(r) == 2]
@@ -319,6 +345,8 @@ def curl_batch(
         "worst_first_byte_s": round(max(first), 3) if ok else None,
         "tok_s": round(streams * tokens / wall, 1) if ok else None,
         "cpu_ms": round(cpu * 1000 / (streams * tokens), 4) if ok else None,
+        "prompt_tokens": prompt_tokens if ok else None,
+        "prompt_tok_s": round(prompt_tokens / wall, 1) if ok else None,
         **{
             f"cpu_ms_{name}": round((m1[name] - m0[name]) * 1000 / (streams * tokens), 4)
             if ok

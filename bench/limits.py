@@ -2,16 +2,13 @@
 CPU plan (Docker only).
 
 Containers of the image (`serve --enforce-eager`, `--shm-size 1g --memory 4g`), one per arm,
-started one after the other and then all running at once; by default these four (`--limits-arms`
+started one after the other and then all running at once; by default these three (`--limits-arms`
 picks some, e.g. the goal's pair for more rounds in the same time, or `cpuset,cpuset1`: two alike
 arms on CPUs 0 and 1, the noise floor of a pair on this host):
-- quota+plan:  `--cpus 1 -e INTEL_VLLM_CPU_PLAN=pin` (a quota smaller than the 2-CPU affinity set),
-  the plan with its opt-in pin: every vLLM process pinned to one CPU;
+- quota+plan:  `--cpus 1 -e INTEL_VLLM_CPU_PLAN=1` (a quota smaller than the 2-CPU affinity set),
+  the plan as shipped: its processes run on both CPUs;
 - quota-plan:  `--cpus 1 -e INTEL_VLLM_CPU_PLAN=0` (vLLM's own thread choice; KV cache 1 GiB);
-- cpuset:      `--cpuset-cpus 0` (one CPU as a cpuset; the plan has nothing to change), moved
-  before each round to the CPU the pinned arm is on (follow_the_pin);
-- unpinned:    `--cpus 1 -e INTEL_VLLM_CPU_PLAN=1` (the plan as shipped, without the pin: the
-  processes run on both CPUs); quota+plan against it is what the pin buys, one CPU instead of two.
+- cpuset:      `--cpuset-cpus 0` (one CPU as a cpuset; the plan has nothing to change).
 `cpuset-quota` (the cpuset with `--cpus 1` on top) separates what the quota alone costs.
 `--limits-starts N` starts the arms N times (fresh containers, rotated start order) and splits the
 rounds between the starts: whatever makes one container serve unlike the next then varies within
@@ -50,10 +47,8 @@ import statistics
 import tempfile
 import time
 
-import psutil
-
 from tests.harness import Container
-from vllm_intel.supervisor import limits, plan, workload
+from vllm_intel.supervisor import plan, workload
 
 from . import real
 from .common import RESULTS, Row, curl_batch, log, pair_ratios, record
@@ -66,24 +61,15 @@ from .dockerutil import IMAGE, docker, engine
 COMMON = ["--shm-size", "1g"]
 TINY_MEMORY = "4g"
 ARMS = {
-    "quota+plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=pin"],
+    "quota+plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=1"],
     "quota-plan": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=0", "-e", "VLLM_CPU_KVCACHE_SPACE=1"],
     "cpuset": ["--cpuset-cpus", "0"],
-    "unpinned": ["--cpus", "1", "-e", "INTEL_VLLM_CPU_PLAN=1"],
     # not run by default: the other CPU as a cpuset, against "cpuset" the noise floor of a pair of
     # alike arms (`--limits-arms cpuset,cpuset1`)
     "cpuset1": ["--cpuset-cpus", "1"],
-    # not run by default: the pin with vLLM's own spin (sched_yield) instead of the readers' wait
-    "pinned-spin": [
-        "--cpus",
-        "1",
-        "-e",
-        "INTEL_VLLM_CPU_PLAN=pin",
-        "-e",
-        "VLLM_SHM_BROADCAST_BUSY_SLEEP_S=0",
-    ],
-    # not run by default: the cpuset with the pin's OpenMP setup (nobind, OMP_NUM_THREADS) instead
-    # of vLLM's `auto` binding: against "cpuset", what that setup costs on the same CPU
+    # not run by default: the cpuset with the plan's OpenMP setup under a quota (nobind,
+    # OMP_NUM_THREADS) instead of vLLM's `auto` binding: against "cpuset", what that setup costs
+    # on the same CPU
     "cpuset-nobind": [
         "--cpuset-cpus",
         "0",
@@ -97,8 +83,7 @@ ARMS = {
     # on the same CPU, with Docker doing the pinning
     "cpuset-quota": ["--cpuset-cpus", "0", "--cpus", "1"],
 }
-FOLLOWERS = ("cpuset", "cpuset-nobind", "cpuset-quota")  # arms moved to the pinned arm's CPU
-DEFAULT_ARMS = ["quota+plan", "quota-plan", "cpuset", "unpinned"]
+DEFAULT_ARMS = ["quota+plan", "quota-plan", "cpuset"]
 LOADS = {"1 stream": (1, 2048), "8 streams": (8, 1024)}
 # On one CPU a real shape writes tokens orders of magnitude slower than the toy (docs/bench.md,
 # limits on the 0.5B shape): these keep a measurement to seconds, not minutes.
@@ -148,12 +133,20 @@ FIELDS = {"tps": "tok_s", "cpu_ms": "cpu_ms", "cpu_per_s": "cpu_per_s", "throttl
 
 
 class Arm(Container):
+    section = "limits"  # in the container's name: vllm-intel-bench-SECTION-PID-KIND
+
     def __init__(self, kind: str, what: Served):
         self.kind, self.what = kind, what
-        name = f"vllm-intel-bench-limits-{os.getpid()}-{kind.replace('+', 'p')}"
-        args = COMMON + list(what.docker_args) + ARMS[kind]
-        super().__init__(name, IMAGE, args, ["serve", *what.serve_args, "--enforce-eager"])
-        self.tmp = tempfile.mkdtemp(prefix="bench-limits-")
+        name = f"vllm-intel-bench-{self.section}-{os.getpid()}-{kind.replace('+', 'p')}"
+        super().__init__(name, IMAGE, self.run_args(), self.command())
+        self.tmp = tempfile.mkdtemp(prefix=f"bench-{self.section}-")
+
+    def run_args(self) -> list[str]:
+        """`docker run`'s options: the arm's (ARMS) after what every arm gets."""
+        return COMMON + list(self.what.docker_args) + ARMS[self.kind]
+
+    def command(self) -> list[str]:
+        return ["serve", *self.what.serve_args, "--enforce-eager"]
 
     def start(self) -> None:
         self.ready_s = round(self.wait_ready(900), 1)
@@ -221,13 +214,6 @@ class Arm(Container):
         out = docker("exec", self.name, "/opt/venv/bin/python", "-c", code, check=False)
         return json.loads(out.stdout) if out.returncode == 0 else {}
 
-    def vllm_cpus(self) -> str:
-        """The CPUs vLLM's processes may run on (the API server's affinity, read on the host)."""
-        pid = docker("inspect", "-f", "{{.State.Pid}}", self.name).stdout.strip()
-        for child in psutil.Process(int(pid)).children():
-            return limits.format_cpu_list(sorted(child.cpu_affinity()))
-        return ""
-
     def measure(self, n: int, tokens: int) -> dict:
         """tokens/s, CPU ms per token, CPU seconds per second of the round (how much of its limit
         the container used) and the share of CFS periods it was throttled in, for n concurrent
@@ -269,22 +255,6 @@ def pause(name: str, attempts: int = 5) -> None:
     raise RuntimeError(f"docker pause {name}: {cp.stderr.strip()[:300]}")
 
 
-def follow_the_pin(arms: list[Arm]) -> None:
-    """The cpuset arms (FOLLOWERS) moved (`docker update --cpuset-cpus`) to the CPU the pinned arm
-    is on: a pair then differs only in quota against cpuset, not in which CPU of the host serves
-    (the pin takes the idlest CPU at start, and the two CPUs of this host differ by the hour: two
-    alike cpuset arms on CPU 1 and CPU 0 served 1.08 / 1.01 of each other, rounds from 0.86 to
-    1.28)."""
-    by = {a.kind: a for a in arms}
-    if "quota+plan" not in by:
-        return
-    want = by["quota+plan"].vllm_cpus()
-    for kind in FOLLOWERS:
-        if kind in by and want and want != (have := by[kind].vllm_cpus()):
-            docker("update", "--cpuset-cpus", want, by[kind].name)
-            log(f"{kind} arm: CPU {have} -> {want} (where the pinned arm is)")
-
-
 def run(
     repeat: int, quick: bool, arms: str | None = None, starts: int = 1, shape: str | None = None
 ) -> list[Row]:
@@ -324,7 +294,6 @@ def run(
                 )  # appended first: removed below even if it never gets ready
                 arms[-1].start()
             for _ in range(per_start):
-                follow_the_pin(arms)
                 turn = arms[k % len(arms) :] + arms[: k % len(arms)]
                 for load, (n, tokens) in loads.items():
                     for a in turn:
@@ -357,9 +326,7 @@ def run(
     rows = []
     names = {
         "quota+plan": "--cpus 1 with the plan",
-        "unpinned": "--cpus 1 with the plan unpinned",
         "cpuset1": "--cpuset-cpus 1",
-        "pinned-spin": "--cpus 1 pinned, vLLM's spin",
         "cpuset-nobind": "cpuset, OpenMP nobind",
         "cpuset-quota": "cpuset with --cpus 1",
     }
@@ -367,11 +334,7 @@ def run(
         for ours_kind, alt_name, goal in (
             ("quota+plan", "cpuset", "ratio >= 0.95"),
             ("quota+plan", "quota-plan", "ratio >= 1.00"),
-            ("quota+plan", "unpinned", ""),
-            ("unpinned", "cpuset", ""),
             ("cpuset1", "cpuset", ""),
-            ("pinned-spin", "cpuset", ""),
-            ("quota+plan", "pinned-spin", ""),
             ("cpuset-nobind", "cpuset", ""),
             ("cpuset-quota", "cpuset", ""),
             ("quota+plan", "cpuset-quota", ""),

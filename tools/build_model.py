@@ -47,7 +47,8 @@ SHAPES: dict[str, tuple[str, dict]] = {
             num_key_value_heads=1,
             max_position_embeddings=8192,
             tie_word_embeddings=True,
-            torch_dtype="float32",
+            # vLLM's CPU backend serves fp32 configs in bf16 and warns per weight it casts
+            torch_dtype="bfloat16",
         ),
     ),
     "qwen2.5-0.5b": (

@@ -26,6 +26,7 @@ from tests.harness import (
     free_port,
     patch_line,
     prometheus,
+    undocumented_warnings,
     wake_words,
 )
 from tests.harness.models import REPO
@@ -83,6 +84,16 @@ def test_up_becomes_healthy(stack):
     # counters (read by the plugin as vLLM's warm-up ends) agree: every graph was compiled.
     assert "empty, this start compiles" in stack("logs", "--no-color").stdout
     assert "compile cache miss" in last_ready_line(stack), last_ready_line(stack)
+
+
+def test_a_first_start_warns_only_as_documented(stack):
+    """Every WARNING line of the first start (compile caches empty, tcmalloc and Intel OpenMP
+    preloaded by the plan) is one docs/docker.md lists with the reason it stays."""
+    logs = stack("logs", "--no-color").stdout
+    plan = next(line for line in logs.splitlines() if "] plan: " in line)
+    assert "runtime: tcmalloc + Intel OpenMP;" in plan, plan
+    unknown = undocumented_warnings(logs)
+    assert not unknown, "\n".join(unknown)
 
 
 def last_ready_line(stack) -> str:

@@ -13,7 +13,7 @@ section memory.
 
 Drain: the toy model writes thousands of tokens a second, so it cannot show whether the window
 fits real generation speeds: on 2 cores this shape's answers of 512 tokens in flight at SIGTERM
-need most of the 120 s window, by machine (docs/bench.md; the former 30 s default cut all four).
+need most of the 120 s window, by machine (docs/decisions/0001: the former 30 s cut all four).
 The answers are 512 tokens where this machine writes them within ANSWER_SHARE of the window,
 else as long as it writes in that share: always an answer that needs most of the window, never
 one that no window of that size could hold.

@@ -243,3 +243,25 @@ def test_install_script_hands_the_pins_to_pip(tmp_path):
         main[-1] == f"vllm @ {url}vllm-0.34.0+cpu-cp38-abi3-manylinux_2_34_x86_64.whl#sha256={SHA}"
     )
     assert main[main.index("torch==2.14.0+cpu") + 1 : -1] == pins.split()
+
+
+@pytest.mark.parametrize("triton, dropped", [("3.8.0+cpu", False), ("3.5.1", True), ("", True)])
+def test_install_script_keeps_triton_cpu_and_drops_the_gpu_triton(tmp_path, triton, dropped):
+    """triton-cpu (a `+cpu` build: upstream's wheel brings it; vLLM 0.34.0 does not start on x86
+    without it) stays; PyPI's triton, which has no CPU backend, goes."""
+    log = tmp_path / "pip.log"
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        'mkdir -p "$3/bin"\n'
+        f'cat >"$3/bin/pip" <<\'EOF\'\n#!/bin/sh\necho "$*" >>{log}\n'
+        '[ "$1 $2" = "show triton" ] && [ -n "$TRITON" ] && echo "Version: $TRITON"\nexit 0\nEOF\n'
+        """printf '#!/bin/sh\\ncat >/dev/null; echo recorded\\n' >"$3/bin/python"\n"""
+        'chmod +x "$3/bin/pip" "$3/bin/python"\n'
+    )
+    python.chmod(0o755)
+    r = install(tmp_path, PYTHON=str(python), TRITON=triton, TORCH_INDEX_URL="", WHEELS="")
+    assert r.returncode == 0, r.stderr
+    ran = log.read_text().splitlines()
+    assert "show triton" in ran, ran
+    assert ("uninstall -q -y triton" in ran) == dropped, ran

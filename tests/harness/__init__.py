@@ -417,3 +417,21 @@ def shm_segments(pids: list[int]) -> set[str]:
     used = janitor.files_in_use(procs)
     shm = pathlib.Path("/dev/shm")
     return {str(p) for p in shm.iterdir() if janitor.inode(p) in used}
+
+
+# A warning line: vLLM's logger, Python's warnings module, Intel OpenMP's and glibc's messages.
+WARNING_LINE = re.compile(r"\bWARNING\b|\w+Warning: |OMP: (Warning|Error)|\bwarning: ", re.I)
+
+
+def undocumented_warnings(logs: str, also: tuple[str, ...] = ()) -> list[str]:
+    """The warning lines of `logs` that docs/docker.md's start-up warnings table (the list users
+    read) does not name, nor `also`."""
+    text = (ROOT / "docs" / "docker.md").read_text()
+    block = text.split("<!-- start-up warnings:")[1].split("<!-- end: start-up warnings -->")[0]
+    known = re.findall(r"^\| `([^`]+)`", block, re.M) + list(also)
+    assert len(known) >= 3, f"no start-up warnings table in docs/docker.md: {known}"
+    return [
+        line
+        for line in logs.splitlines()
+        if WARNING_LINE.search(line) and not any(k in line for k in known)
+    ]

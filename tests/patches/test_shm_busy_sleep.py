@@ -55,7 +55,10 @@ def wake_latencies(w, r, n=40):
     t.join()
     return out
 stock_cpu, stock_checks = cpu_s_waiting(pair(0)[1])
+from vllm import envs
+known_before = m.ENV in envs.environment_variables
 state = m.PATCH.apply()
+known = m.ENV in envs.environment_variables and getattr(envs, m.ENV) == 0.0001
 again = m.PATCH.apply()
 reason = m.PATCH.reason
 w, r = pair(1)
@@ -74,7 +77,8 @@ sleep_cpu, sleep_checks = cpu_s_waiting(pair(2)[1])
 m.Wake = real_wake
 m.PATCH.revert()
 reverted_cpu, _ = cpu_s_waiting(pair(3)[1])
-print(json.dumps(dict(state=state, again=again, reason=reason, stock_cpu=stock_cpu,
+known_after = m.ENV in envs.environment_variables
+print(json.dumps(dict(known_before=known_before, known=known, known_after=known_after, state=state, again=again, reason=reason, stock_cpu=stock_cpu,
                       stock_checks=stock_checks, patched_cpu=patched_cpu,
                       patched_checks=patched_checks, lat_median=statistics.median(lat),
                       slow=sum(x >= 0.004 for x in lat), files=len(files), file_left=file_left,
@@ -99,6 +103,8 @@ def test_readers_wait_for_the_writer_instead_of_spinning(release_run, version):
     # Without a futex: the 100 us sleep, over 1000 checks in 0.3 s, little CPU.
     assert got["sleep_checks"] > 1000 and got["sleep_cpu"] < 0.5 * got["stock_cpu"], got
     assert got["reverted_cpu"] > 0.2, got  # revert() gave vLLM its spin back
+    # vLLM knows the variable while the patch is in (no "Unknown vLLM environment variable")
+    assert (got["known_before"], got["known"], got["known_after"]) == (False, True, False), got
 
 
 UPSTREAM_SOURCE = """

@@ -116,6 +116,8 @@ HUGE = "9" * 5000
         (["probe", "ready"], {"INTEL_VLLM_PROBE_PORT": "²"}, "INTEL_VLLM_PROBE_PORT must"),
         (["serve", "./model"], {"INTEL_VLLM_PATCHES": "bogus"}, "unknown patch name(s) bogus"),
         (["serve", "./model"], {"INTEL_VLLM_PATCHES_DISABLE": "fast-exit,x"}, "patch name(s) x"),
+        # the deleted pin (docs/decisions/0002-delete-the-pin.md), refused like any unknown mode
+        (["serve", "./model"], {"INTEL_VLLM_CPU_PLAN": "pin"}, "must be one of 0, 1, not 'pin'"),
         (["serve", "./model"], {"TMPDIR": "/nonexistent-tmp"}, "TMPDIR /nonexistent-tmp does not"),
         (["serve", "./model"], {"TMPDIR": "/etc/hostname"}, "is not a directory"),
         (["serve", "./model"], {"TMPDIR": "/proc/self/fdinfo"}, "is not writable"),

@@ -21,16 +21,13 @@ def node(cpus: int, quota=None, memory=None, smt: int = 1) -> Limits:
 @pytest.mark.parametrize(
     "limits, env, want",
     [
-        # a quota below the node's CPUs: floor(quota) threads, nobind, readers wait, no pin
+        # a quota below the node's CPUs: floor(quota) threads, nobind, readers wait
         (node(64, 4.0, 16 * GiB), {}, dict(omp_threads=4, binding="nobind", readers_wait=True)),
         (node(64, 0.5), {}, dict(omp_threads=1, binding="nobind", kv_gib=pl.KV_DEFAULT_GIB)),
         # no quota below the CPUs: vLLM's auto binding; its spin kept only with 2 CPUs to spare
         (node(16), {}, dict(omp_threads=None, binding=None, readers_wait=True, spare_cpus=1)),
         (node(16, smt=2), {}, dict(omp_threads=None, spare_cpus=9, readers_wait=False)),
         (node(2), {}, dict(omp_threads=None, readers_wait=True, spare_cpus=1)),
-        # pin, opt-in: the size of the pin is decided here, which CPUs by placement
-        (node(64, 2.5), {"INTEL_VLLM_CPU_PLAN": "pin"}, dict(omp_threads=2, pin_count=3)),
-        (node(64, 1.0), {"INTEL_VLLM_CPU_PLAN": "pin"}, dict(pin_count=1, readers_wait=False)),
         # off: nothing of ours
         (
             node(64, 4.0, 16 * GiB),
@@ -45,7 +42,6 @@ def node(cpus: int, quota=None, memory=None, smt: int = 1) -> Limits:
 def test_plan_decides_from_typed_inputs(limits, env, want):
     p = pl.plan(limits, ONE, env)
     assert {k: getattr(p, k) for k in want} == want, p.line()
-    assert p.pin is None  # never chosen by plan(): placement.choose_pin does that
 
 
 def test_kv_cache_is_the_memory_limit_less_what_else_vllm_holds():
@@ -93,8 +89,9 @@ def test_the_plan_is_a_value_and_its_env_follows_its_fields():
     [
         (node(2, 1.0), Workload(3, 1, 0, None), {}, "3 vLLM CPU workers"),
         (node(8, None, 3 * GiB), ONE, {}, "at least 6 GiB"),
-        (node(8, 1.0), ONE, {"INTEL_VLLM_CPU_PLAN": "pin", "OMP_NUM_THREADS": "1"}, "unset"),
-        (node(8), ONE, {"INTEL_VLLM_CPU_PLAN": "yes"}, "must be one of 0, 1, pin"),
+        (node(8), ONE, {"INTEL_VLLM_CPU_PLAN": "yes"}, "must be one of 0, 1, not 'yes'"),
+        # the pin was deleted (docs/decisions/0002-delete-the-pin.md): refused like any other
+        (node(8, 1.0), ONE, {"INTEL_VLLM_CPU_PLAN": "pin"}, "must be one of 0, 1, not 'pin'"),
     ],
 )
 def test_what_cannot_fit_is_a_one_line_error(limits, work, env, message):
@@ -106,3 +103,66 @@ def test_what_cannot_fit_is_a_one_line_error(limits, work, env, message):
 def test_another_device_has_no_cpu_plan():
     p = pl.plan(node(8, 1.0, 8 * GiB), ONE, {}, device="xpu")
     assert p.env == {} and p.line().startswith("plan: xpu: no CPU plan")
+
+
+BOTH = pl.Libraries(
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/opt/venv/lib/libiomp5.so"
+)
+
+
+@pytest.mark.parametrize(
+    "limits, env, libs, preload, waits",
+    [
+        # upstream's image: tcmalloc first, then Intel OpenMP; vLLM's auto binding sets the waits
+        (node(16), {}, BOTH, BOTH.preload, False),
+        # nobind (a quota below the CPUs): vLLM sets nothing, the plan sets vLLM's own waits
+        (node(64, 4.0), {}, BOTH, BOTH.preload, True),
+        # only what is found; GNU OpenMP needs no wait setting of ours
+        (node(64, 4.0), {}, pl.Libraries(BOTH.tcmalloc, None), (BOTH.tcmalloc,), False),
+        (node(16), {}, pl.Libraries(), (), False),
+        # yours, or the plan off: nothing preloaded by us
+        (node(16), {"LD_PRELOAD": "/x/libjemalloc.so"}, BOTH, (), False),
+        (node(64, 4.0), {"INTEL_VLLM_CPU_PLAN": "0"}, BOTH, (), False),
+        # your wait kept, the other one set
+        (node(64, 4.0), {"KMP_BLOCKTIME": "0"}, BOTH, BOTH.preload, True),
+    ],
+)
+def test_the_runtime_is_preloaded_with_the_waits_its_openmp_reads(
+    limits, env, libs, preload, waits
+):
+    p = pl.plan(limits, ONE, env, libs=libs)
+    assert p.preload == preload
+    assert p.env.get("LD_PRELOAD") == (":".join(preload) if preload else None)
+    for k, v in pl.IOMP_WAITS.items():
+        assert p.env.get(k) == (v if waits and k not in env else None), p.env
+    assert ("runtime: " in p.line()) == p.enabled
+
+
+def test_the_plan_line_says_which_runtime_and_what_is_missing():
+    assert "runtime: tcmalloc + Intel OpenMP;" in pl.plan(node(16), ONE, {}, libs=BOTH).line()
+    line = pl.plan(node(16), ONE, {}, libs=pl.Libraries()).line()
+    assert (
+        "runtime: glibc malloc + GNU OpenMP (torch's): libtcmalloc_minimal.so.4 not found" in line
+    )
+    assert "libtcmalloc-minimal4" in line and "intel-openmp" in line
+    assert (
+        "runtime: yours (LD_PRELOAD)"
+        in pl.plan(node(16), ONE, {"LD_PRELOAD": "/a.so"}, libs=BOTH).line()
+    )
+
+
+def test_find_takes_the_system_tcmalloc_else_vllms_bundled_copy(tmp_path):
+    from vllm_intel.supervisor import runtime
+
+    system, venv, bundled = tmp_path / "usr", tmp_path / "venv", tmp_path / "vllm-libs"
+    for d in (system, venv / "lib", bundled):
+        d.mkdir(parents=True)
+    assert runtime.find(str(venv), (str(system),), bundled) == runtime.Libraries()
+    (bundled / "libtcmalloc_minimal-3ab1c2.so.4.5.16").touch()  # auditwheel's name in vllm/libs
+    (venv / "lib" / runtime.IOMP).touch()
+    got = runtime.find(str(venv), (str(system),), bundled)
+    assert got.tcmalloc.endswith(".so.4.5.16") and got.iomp == str(venv / "lib" / runtime.IOMP)
+    (system / runtime.TCMALLOC).touch()
+    assert runtime.find(str(venv), (str(system),), bundled).tcmalloc == str(
+        system / runtime.TCMALLOC
+    )

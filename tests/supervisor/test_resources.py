@@ -1,21 +1,19 @@
-"""The CPU plan and the preflight over fake cgroup / sysfs trees (limits, workload, plan, placement):
+"""The CPU plan and the preflight over fake cgroup / sysfs trees (limits, workload, plan):
 quota below, equal to and above the affinity set, memory limits, cgroup v1 and v2, no limits,
 the user's values winning, and the one-line errors."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
-import threading
 
 import pytest
 
 from tests.harness import ROOT
 from vllm_intel.supervisor import limits as lm
-from vllm_intel.supervisor import placement, workload
 from vllm_intel.supervisor import plan as pl
+from vllm_intel.supervisor import workload
 from vllm_intel.supervisor.errors import ConfigError, Exit
 
 GiB, MiB = lm.GiB, lm.MiB
@@ -57,11 +55,10 @@ def limits(tmp_path, cg, cpus=range(4), nodes=None, self_cgroup="", smt=0):
     return lm.read_limits(cg, sys_root, affinity=set(cpus), self_cgroup=self_cgroup)
 
 
-def plan(lim, flags=(), env=None, model=None, idle=None):
-    """The entrypoint's way: the workload read once, the pure plan, then the pin's CPUs."""
+def plan(lim, flags=(), env=None, model=None):
+    """The entrypoint's way: the workload read once, then the pure plan."""
     env = env or {}
-    p = pl.plan(lim, workload.workload(list(flags), model, env), env)
-    return placement.choose_pin(p, idle or placement.cpu_idle)
+    return pl.plan(lim, workload.workload(list(flags), model, env), env)
 
 
 # ---------------------------------------------------------------------------- reading limits
@@ -126,18 +123,15 @@ def test_no_cgroup_at_all(tmp_path):
         ("300000 100000", "3"),  # 3 CPUs of 4
     ],
 )
-@pytest.mark.parametrize("mode", ["", "pin", "1"])
+@pytest.mark.parametrize("mode", ["", "1"])
 def test_quota_below_the_affinity_set_sets_floor_quota_threads(tmp_path, quota, threads, mode):
     env = {"INTEL_VLLM_CPU_PLAN": mode} if mode else {}
-    p = plan(limits(tmp_path, v2(tmp_path, quota)), env=env, idle=lambda cpus: {})
+    p = plan(limits(tmp_path, v2(tmp_path, quota)), env=env)
     # Not vLLM's binding: other containers may share these CPUs, and all binding alike collide.
     assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
     assert p.env["OMP_NUM_THREADS"] == threads
     assert f"OMP_NUM_THREADS={threads}" in p.line()
-    if mode == "pin":  # opt-in
-        assert p.pin and "all vLLM processes pinned to CPU" in p.line(), p.line()
-    else:  # the default, and `1` said explicitly: the plan without the pin
-        assert p.pin is None and "not pinned" in p.line(), p.line()
+    assert "not pinned" in p.line(), p.line()
 
 
 @pytest.mark.parametrize("quota", ["400000 100000", "800000 100000", "max 100000"])
@@ -236,101 +230,6 @@ def test_plan_off_sets_nothing(tmp_path):
     assert p.env == {} and "plan: off" in p.line()
     with pytest.raises(ConfigError, match="INTEL_VLLM_CPU_PLAN"):
         plan(limits(tmp_path, v2(tmp_path)), env={"INTEL_VLLM_CPU_PLAN": "yes"})
-
-
-PIN = {"INTEL_VLLM_CPU_PLAN": "pin"}
-
-
-@pytest.mark.parametrize(
-    "quota, idle, pinned, threads",
-    [
-        ("100000 100000", {0: 5, 1: 50, 2: 50, 3: 10}, [2], "1"),  # tie: the higher number
-        ("150000 100000", {0: 90, 1: 10, 2: 20, 3: 80}, [0, 3], "1"),  # ceil 2 CPUs, floor 1 thread
-        ("50000 100000", {0: 0, 1: 0, 2: 0, 3: 0}, [3], "1"),  # half a CPU: one CPU, one thread
-        ("300000 100000", {0: 1, 1: 9, 2: 9, 3: 9}, [1, 2, 3], "3"),
-    ],
-)
-def test_pin_confines_vllm_to_the_idlest_ceil_quota_cpus(tmp_path, quota, idle, pinned, threads):
-    asked = []
-    p = plan(
-        limits(tmp_path, v2(tmp_path, quota)),
-        env=PIN,
-        idle=lambda cpus: asked.append(sorted(cpus)) or idle,
-    )
-    assert asked == [[0, 1, 2, 3]]  # chosen among the allowed CPUs
-    assert list(p.pin) == pinned
-    assert p.env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and p.env["OMP_NUM_THREADS"] == threads
-    # one CPU under a whole CPU's quota: a one-CPU cpuset in all but name, vLLM's spin stays;
-    # half a CPU (the spin would spend the quota) or more CPUs than one: the readers wait
-    one_cpu = quota == "100000 100000"
-    assert ("VLLM_SHM_BROADCAST_BUSY_SLEEP_S" not in p.env) is one_cpu, p.line()
-    if not one_cpu:
-        assert p.env["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] == "0.0001"
-    assert f"pinned to CPU {lm.format_cpu_list(pinned)}" in p.line(), p.line()
-
-
-def test_pin_without_a_quota_below_the_cpus_pins_nothing(tmp_path):
-    def idle(cpus):
-        raise AssertionError("no quota: nothing to choose")
-
-    p = plan(limits(tmp_path, v2(tmp_path, "max 100000")), env=PIN, idle=idle)
-    assert p.pin is None and "nothing to pin" in p.line(), p.line()
-    one = {"INTEL_VLLM_CPU_PLAN": "1"}
-    assert plan(limits(tmp_path, v2(tmp_path, "100000 100000")), env=one).pin is None  # never
-    # by default, nothing to pin is not worth a word
-    assert "nothing to pin" not in plan(limits(tmp_path, v2(tmp_path, "max 100000"))).line()
-
-
-@pytest.mark.parametrize("yours", ["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"])
-def test_the_default_pin_leaves_the_users_threads_alone(tmp_path, yours):
-    def idle(cpus):
-        raise AssertionError("your threads: nothing to choose")
-
-    p = plan(limits(tmp_path, v2(tmp_path, "100000 100000")), env={yours: "1"}, idle=idle)
-    assert p.pin is None and p.threads_text() == "yours" and yours not in p.env, p.line()
-
-
-@pytest.mark.parametrize(
-    "idle, pinned",
-    [
-        ({0: 90, 1: 80, 2: 10, 3: 10}, [0, 3]),  # 0 and 1 idlest but siblings: 0, then core 1
-        ({0: 10, 1: 10, 2: 80, 3: 90}, [1, 3]),  # 3 (core 1), then core 0's best (a tie: 1)
-        ({0: 50, 1: 50, 2: 50, 3: 50}, [1, 3]),  # a tie: the higher numbers, one per core
-    ],
-)
-def test_pin_takes_one_cpu_per_core_before_siblings(tmp_path, idle, pinned):
-    lim = limits(tmp_path, v2(tmp_path, "200000 100000"), smt=2)  # cores {0,1} {2,3}
-    p = plan(lim, env=PIN, idle=lambda cpus: idle)
-    assert list(p.pin) == sorted(pinned), p.line()
-
-
-@pytest.mark.parametrize("yours", ["VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS"])
-def test_pin_with_the_users_threads_is_one_line_error(tmp_path, yours):
-    with pytest.raises(ConfigError, match=f"INTEL_VLLM_CPU_PLAN=pin .* unset {yours} or set"):
-        plan(limits(tmp_path, v2(tmp_path, "100000 100000")), env={**PIN, yours: "1"})
-
-
-def test_cpu_idle_counts_idle_and_iowait_ticks_over_the_sample(tmp_path):
-    stat = tmp_path / "stat"
-
-    def write(idle0, idle1):
-        stat.write_text(
-            "cpu  1 2 3 4 5 6 7 8 9 10\n"
-            f"cpu0 10 0 10 {idle0} 5 0 0 0 0 0\n"
-            f"cpu1 10 0 10 {idle1} 7 0 0 0 0 0\n"
-            "\n"
-            "intr 1 2 3\n"
-        )
-
-    write(100, 100)
-    later = threading.Timer(0.05, write, (130, 190))
-    later.start()
-    try:
-        assert placement.cpu_idle({0, 1}, sample_s=0.3, stat=stat) == {0: 30, 1: 90}
-    finally:
-        later.cancel()
-    got = placement.cpu_idle(set(range(os.cpu_count() or 1)), sample_s=0.05)  # this machine's
-    assert set(got) == set(range(os.cpu_count() or 1)) and min(got.values()) >= 0
 
 
 # ---------------------------------------------------------------------------- KV cache / memory

@@ -1,7 +1,7 @@
 """Supervisor.spawn runs after the probe and observer threads exist: no preexec_fn (Python code
-between fork and exec, unsafe with threads), yet vLLM starts as `_child_setup` had it: every
-signal unblocked, default dispositions, the plan's pin, PDEATHSIG, a session of its own; a
-command that cannot be executed is still CANNOT_EXEC."""
+between fork and exec, unsafe with threads), yet vLLM starts set up as a preexec_fn would have
+it: every signal unblocked, default dispositions, PDEATHSIG, a session of its own; a command that
+cannot be executed is still CANNOT_EXEC."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.harness import ROOT, free_port
 from vllm_intel.supervisor import loop
 from vllm_intel.supervisor.errors import Exit
 
-# What the child reports: its mask, ignored signals, affinity, PDEATHSIG, session, process.
+# What the child reports: its mask, ignored signals, PDEATHSIG, session, process.
 REPORT = textwrap.dedent(
     """\
     import ctypes, json, os, sys
@@ -30,7 +30,6 @@ REPORT = textwrap.dedent(
     print(json.dumps({
         "blocked": int(status["SigBlk"], 16),
         "ignored": int(status["SigIgn"], 16),
-        "cpus": sorted(os.sched_getaffinity(0)),
         "pdeathsig": sig.value,
         "session_leader": os.getsid(0) == os.getpid(),
         "pid": os.getpid(),
@@ -59,10 +58,11 @@ SPAWN = textwrap.dedent(
     stop = threading.Event()
     for _ in range(3):  # like the probe server's and the observer's
         threading.Thread(target=stop.wait, daemon=True).start()
-    cpus, argv = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+    loop._EXEC_CHILD = json.loads(sys.argv[1]) or loop._EXEC_CHILD  # a broken one, in a test
+    argv = json.loads(sys.argv[2])
     cfg = settings.ServeConfig(argv=argv, port=int(sys.argv[3]), drain=1, notes=[])
     sup = loop.Supervisor(cfg, pathlib.Path(sys.argv[4]))
-    failed = sup.spawn(dict(os.environ), cpus)
+    failed = sup.spawn(dict(os.environ))
     sup.observer.stop()
     if failed is None:
         pid, status = os.waitpid(sup.child.pid, 0)
@@ -74,10 +74,14 @@ SPAWN = textwrap.dedent(
 )
 
 
+# _EXEC_CHILD with a set-up step that fails
+BROKEN_SET_UP = loop._EXEC_CHILD.replace("try:\n", "try:\n    raise OSError('broken')\n", 1)
+
+
 def spawn(
     tmp_path: pathlib.Path,
     argv: list[str],
-    cpus: list[int] | None = None,
+    exec_child: str | None = None,
     ignored: tuple[int, ...] = (),
 ):
     run = subprocess.run(
@@ -85,7 +89,7 @@ def spawn(
             sys.executable,
             "-c",
             SPAWN,
-            json.dumps(cpus),
+            json.dumps(exec_child),
             json.dumps(argv),
             str(free_port()),
             str(tmp_path / "state.json"),
@@ -113,21 +117,16 @@ def test_spawn_uses_no_preexec_fn(tmp_path):
     assert "failed None" in run.stdout
 
 
-@pytest.mark.parametrize("pin", [None, "last"])
-def test_vllm_starts_as_child_setup_had_it(tmp_path, pin):
+def test_vllm_starts_set_up(tmp_path):
     """Signals unblocked (the supervisor blocks them in every thread, and a mask survives fork
-    and exec), SIGPIPE/SIGXFSZ/SIGINT not ignored, the pin, PDEATHSIG SIGKILL, its own session;
-    and the pid Popen returned is vLLM's own (the wrapper execs, it does not fork)."""
-    allowed = sorted(os.sched_getaffinity(0))
-    cpus = [allowed[-1]] if pin else None
-    run = spawn(tmp_path, [sys.executable, "-c", REPORT], cpus)
+    and exec), SIGPIPE/SIGXFSZ/SIGINT not ignored, PDEATHSIG SIGKILL, its own session; and the
+    pid Popen returned is vLLM's own (the wrapper execs, it does not fork)."""
+    run = spawn(tmp_path, [sys.executable, "-c", REPORT])
     got = report(run)
     assert got["blocked"] == 0, run.stdout
-    assert got["cpus"] == (cpus or allowed)
     assert got["pdeathsig"] == signal.SIGKILL
     assert got["session_leader"]
     assert f"child {got['pid']} 0" in run.stdout
-    assert sorted(os.sched_getaffinity(0)) == allowed  # the test process is left alone
 
 
 @pytest.mark.parametrize(
@@ -159,19 +158,19 @@ def test_what_cannot_be_executed_is_cannot_exec(tmp_path, capfd):
 
 
 def test_a_failed_set_up_is_cannot_exec(tmp_path):
-    run = spawn(tmp_path, [sys.executable, "-c", "pass"], cpus=[100000])  # no such CPU
+    run = spawn(tmp_path, [sys.executable, "-c", "pass"], exec_child=BROKEN_SET_UP)
     assert "cannot execute" in run.stderr and "set-up failed" in run.stderr, run.stderr
     assert "child " not in run.stdout
 
 
-def test_popen_exec_errors():
+def test_popen_exec_errors(monkeypatch):
     with pytest.raises(FileNotFoundError):
-        loop.popen_exec(["/nonexistent/vllm"], dict(os.environ), None)
-    with pytest.raises(subprocess.SubprocessError):
-        loop.popen_exec([sys.executable, "-c", "pass"], dict(os.environ), [100000])
-    child = loop.popen_exec(
-        [sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ), None
-    )
+        loop.popen_exec(["/nonexistent/vllm"], dict(os.environ))
+    with monkeypatch.context() as m:
+        m.setattr(loop, "_EXEC_CHILD", BROKEN_SET_UP)
+        with pytest.raises(subprocess.SubprocessError):
+            loop.popen_exec([sys.executable, "-c", "pass"], dict(os.environ))
+    child = loop.popen_exec([sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ))
     assert child.wait(30) == 3
 
 
@@ -191,7 +190,7 @@ def test_a_signal_sent_while_the_child_sets_up_is_not_lost():
             return child
         subprocess.Popen = popen
         child = loop.popen_exec([sys.executable, "-c", "import time; time.sleep(30)"],
-                                dict(os.environ), None)
+                                dict(os.environ))
         print(child.wait(30), flush=True)
         """
     )
@@ -214,7 +213,7 @@ def test_vllm_follows_a_sigkilled_supervisor():
         from vllm_intel.supervisor import loop
         loop.Supervisor.block_signals()
         child = loop.popen_exec([sys.executable, "-c", "import time; time.sleep(60)"],
-                                dict(os.environ), None)
+                                dict(os.environ))
         print(child.pid, flush=True)
         time.sleep(60)
         """

@@ -199,35 +199,6 @@ def test_probe_decisions(kind, state, healthy, ok):
     assert probes.decide(kind, state, healthy) is ok
 
 
-@pytest.mark.parametrize("pin", [None, "last"])
-def test_the_plans_pin_reaches_every_process_vllm_starts(pin):
-    """INTEL_VLLM_CPU_PLAN=pin: the supervisor confines the child between fork and exec, so the
-    API server and what it spawns (engine core, workers) inherit it; without a pin, nothing."""
-    import functools
-    import subprocess
-    import sys
-
-    allowed = sorted(os.sched_getaffinity(0))
-    cpus = [allowed[-1]] if pin else None
-    tree = (
-        "import os, subprocess, sys\n"
-        "print(sorted(os.sched_getaffinity(0)))\n"
-        "sys.stdout.flush()\n"
-        "subprocess.run([sys.executable, '-c', 'import os; print(sorted(os.sched_getaffinity(0)))'])"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", tree],
-        preexec_fn=functools.partial(loop._child_setup, cpus),
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    ).stdout.split("\n")
-    want = str(cpus or allowed)
-    assert out[:2] == [want, want], out
-    assert sorted(os.sched_getaffinity(0)) == allowed  # the supervisor itself is left alone
-
-
 def test_xpu_serve_without_a_render_node_is_refused_in_one_line(tmp_path):
     from vllm_intel.supervisor.cli import missing_device
 

@@ -12,7 +12,7 @@ import sys
 import tempfile
 
 from .. import drain_forecast, startup_phases
-from . import errors, limits, paths, settings, timing, workload
+from . import errors, limits, paths, runtime, settings, timing, workload
 from .errors import ConfigError, Exit, StoppedBeforeStart
 from .log import json_mode, log, record, write_lines
 from .plan import Plan
@@ -143,7 +143,7 @@ def start(args: list[str]) -> int:
 
 def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None) -> int:
     """The run itself, in its run directory, from the preflight checks to vLLM's exit."""
-    from . import hub, janitor, placement
+    from . import hub, janitor
     from .loop import Supervisor
 
     tmp = pathlib.Path(tempfile.gettempdir())
@@ -161,7 +161,7 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
             serve_probes(sup, cfg, plan, probe_port, run.swept, run.path)
         check_stop("the preflight checks")  # the last: a stop from here on is the loop's
         relay = start_relay() if json_mode() else None
-        failed = sup.spawn(env, plan.pin, relay.child_fds() if relay else None)
+        failed = sup.spawn(env, relay.child_fds() if relay else None)
         if relay:
             relay.spawned()
         if failed is not None:
@@ -170,14 +170,6 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
         # A repo id with the hub on: vLLM downloads it while STARTING; say how far it got.
         progress = hub.watch_download(
             cfg.model, cfg.flags or [], lambda: sup.state == State.STARTING
-        )
-        # The pin moves off CPUs that others load later (two replicas that chose alike).
-        follower = (
-            placement.Follower(
-                sup.child.pid, list(plan.pin), sorted(plan.limits.cpus), plan.limits.core_of
-            ).start()
-            if plan.pin
-            else None
         )
         try:
             code = sup.run()
@@ -189,8 +181,6 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
         finally:
             if progress:
                 progress.stop()
-            if follower:
-                follower.stop()
 
 
 RELAY_FLUSH_S = 2.0
@@ -227,12 +217,9 @@ def serve_probes(
 def make_plan(cfg: settings.ServeConfig) -> Plan:
     """The plan for this run: its inputs read once (limits, workload), then the pure decision."""
     work = workload.workload(cfg.flags or [], cfg.model, os.environ)
-    p = make(limits.read_limits(), work, dict(os.environ), settings.device())
-    if p.pin_count:  # opt-in (INTEL_VLLM_CPU_PLAN=pin): which CPUs is placement's choice
-        from .placement import choose_pin
-
-        p = choose_pin(p)
-    return p
+    device = settings.device()
+    libs = runtime.find() if device == "cpu" else runtime.Libraries()
+    return make(limits.read_limits(), work, dict(os.environ), device, libs)
 
 
 def show_plan(args: list[str]) -> int:

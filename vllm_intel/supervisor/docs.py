@@ -24,6 +24,21 @@ def settings_table() -> str:
     return "\n".join(["| variable | default | meaning |", "|---|---|---|", *rows])
 
 
+def common_settings_table() -> str:
+    """README's short table: the settings of reference.COMMON, each linked to where
+    docs/settings.md explains it."""
+    ours = {s.name: s for s in reference.SETTINGS}
+    vllms = {s.name: s for s in reference.VLLM_SETTINGS}
+    rows = []
+    for name in reference.COMMON:
+        if name in ours:
+            s, where = ours[name], re.sub(r"[^\w\- ]", "", name.lower()).replace(" ", "-")
+        else:
+            s, where = vllms[name], "vllm-settings-the-supervisor-reads"
+        rows.append(f"| [`{name}`](docs/settings.md#{where}) | {s.default} | {s.meaning} |")
+    return "\n".join(["| setting | default | meaning |", "|---|---|---|", *rows])
+
+
 def vllm_settings_table() -> str:
     rows = [f"| `{s.name}` | {s.default} | {s.meaning} |" for s in reference.VLLM_SETTINGS]
     head = (
@@ -76,6 +91,7 @@ BLOCKS = {
     "metrics": metrics_table,
     "usage": usage,
     "settings": settings_table,
+    "common-settings": common_settings_table,
     "vllm-settings": vllm_settings_table,
     "shutdown": shutdown,
     "exit-codes": exit_codes,

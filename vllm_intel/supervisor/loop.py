@@ -25,7 +25,6 @@ from .signals import FORWARDED, NOT_FORWARDED, STOPPING, WATCHED  # noqa: F401 (
 from .state import State
 from .timing import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S
 
-PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -67,25 +66,11 @@ def wait_signal(signals: _SigSet, timeout: float) -> int | None:
 _WATCHED_SET = sigset(WATCHED)
 
 
-def _child_setup(cpus: list[int] | None = None) -> None:
-    """What the child of `spawn` does between fork and exec (_EXEC_CHILD does it, in a process of
-    its own): every signal unblocked, the plan's pin, PDEATHSIG. Safe only in a process with one
-    thread (tests call it as a preexec_fn)."""
-    signal.pthread_sigmask(signal.SIG_SETMASK, [])
-    if cpus:  # the plan's pin: every process vLLM starts inherits it
-        os.sched_setaffinity(0, cpus)
-    # If the supervisor itself is SIGKILLed (outside a container nothing else would stop vLLM),
-    # the API server follows; the engine core follows the API server through the patch
-    # engine-parent-watch (vLLM's does not), its workers the engine core through vLLM's death pipe
-    # (tests/e2e/test_faults.py).
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 # `spawn` runs after the probe and observer threads exist, where a preexec_fn is unsafe (a lock
 # another thread held at fork stays held in the child forever: Python's docs on preexec_fn). So
 # the child does its set-up in Python of its own: the interpreter fork+exec'd by Popen's safe
 # path (no Python code between fork and exec) runs this, then execs vLLM in the same process (the
-# pid the supervisor signals and reaps). Invariants, each as `_child_setup` had them:
+# pid the supervisor signals and reaps). Invariants:
 # - signal dispositions: vLLM starts with every signal at its default action. exec resets caught
 #   signals to SIG_DFL but keeps ignored ones, and this interpreter catches SIGINT and ignores
 #   SIGPIPE and SIGXFSZ at start-up; a supervisor started under nohup, or as a background job of
@@ -95,19 +80,20 @@ def _child_setup(cpus: list[int] | None = None) -> None:
 #   exec, so it is inherited blocked and unblocked here, last before exec. A signal the supervisor
 #   forwarded meanwhile was pending and takes its default action now, as it would on a vLLM that
 #   had not yet installed its handlers.
-# - the pin (sched_setaffinity of this one-thread process: all vLLM starts inherits it) and
-#   PR_SET_PDEATHSIG (kept across exec; a parent already gone is checked after setting it).
+# - PR_SET_PDEATHSIG SIGKILL (kept across exec; a parent already gone is checked after setting
+#   it): if the supervisor itself is SIGKILLed (outside a container nothing else would stop vLLM),
+#   the API server follows; the engine core follows the API server through the patch
+#   engine-parent-watch (vLLM's does not), its workers the engine core through vLLM's death pipe
+#   (tests/e2e/test_faults.py).
 # - exec failures are reported through the pipe `errfd` (closed by the exec on success), as
 #   Popen's own: spawn raises the OSError, and the supervisor exits CANNOT_EXEC as before.
 _EXEC_CHILD = """\
 import ctypes, os, signal, sys
-errfd, ppid, cpus, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4:]
+errfd, ppid, argv = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 try:
     for sig in signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}:
         if signal.getsignal(sig) not in (signal.SIG_DFL, None):
             signal.signal(sig, signal.SIG_DFL)
-    if cpus:
-        os.sched_setaffinity(0, [int(c) for c in cpus.split(",")])
     ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
     if os.getppid() != ppid:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -124,17 +110,15 @@ os._exit(127)
 """
 
 
-def exec_argv(argv: list[str], errfd: int, cpus: list[int] | None) -> list[str]:
+def exec_argv(argv: list[str], errfd: int) -> list[str]:
     """The argv that runs `argv` through _EXEC_CHILD (-I -S: none of vLLM's env or site-packages
     in the interpreter that only sets up and execs)."""
-    pin = ",".join(str(c) for c in cpus or [])
-    return [sys.executable, "-I", "-S", "-c", _EXEC_CHILD, str(errfd), str(os.getpid()), pin, *argv]
+    return [sys.executable, "-I", "-S", "-c", _EXEC_CHILD, str(errfd), str(os.getpid()), *argv]
 
 
 def popen_exec(
     argv: list[str],
     env: dict[str, str],
-    cpus: list[int] | None,
     output: tuple[int, int] | None = None,
 ) -> subprocess.Popen:
     """Popen of `argv` in a session of its own, set up by _EXEC_CHILD; returns once `argv` is
@@ -145,7 +129,7 @@ def popen_exec(
         try:
             out, err_out = output or (None, None)
             child = subprocess.Popen(
-                exec_argv(argv, w, cpus),
+                exec_argv(argv, w),
                 env=env,
                 start_new_session=True,
                 pass_fds=(w,),
@@ -233,12 +217,11 @@ class Supervisor:
     def spawn(
         self,
         env: dict[str, str],
-        cpus: list[int] | None = None,
         output: tuple[int, int] | None = None,
     ) -> int | None:
         self.forecast_path = env.get(drain_forecast.FORECAST_ENV)
         try:
-            self.child = popen_exec(self.argv, env, cpus, output)
+            self.child = popen_exec(self.argv, env, output)
         except (OSError, subprocess.SubprocessError) as e:  # the latter: the set-up failed
             log(f"cannot execute {self.argv[0]}: {e}")
             return Exit.CANNOT_EXEC

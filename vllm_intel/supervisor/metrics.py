@@ -173,7 +173,6 @@ GAUGES = {
         "OpenMP threads per worker the plan set (0: vLLM's)",
     ),
     "kv_bytes": ("vllm_intel_plan_kv_cache_bytes", "KV cache the plan set (0: vLLM's or yours)"),
-    "pinned": ("vllm_intel_plan_pinned_cpus", "CPUs vLLM is pinned to (0: not pinned)"),
     "quota": ("vllm_intel_cpu_quota_cpus", "The container's CPU quota (0: none)"),
 }
 
@@ -212,7 +211,6 @@ class Metrics:
     def plan(self, p) -> None:
         self.omp_threads.set(p.omp_threads or 0)
         self.kv_bytes.set((p.kv_gib or 0) * limits.GiB)
-        self.pinned.set(len(p.pin or ()))
         self.quota.set(p.limits.quota or 0)
 
     def drain_progress(self, at_drain: dict | None, last: dict | None, forecast) -> None:

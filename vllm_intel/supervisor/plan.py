@@ -2,9 +2,9 @@
 
 `plan(limits, work, env)` decides, once and before vLLM starts, the OpenMP threads and their
 binding, whether the shared-memory queue readers wait instead of spinning, the KV cache size,
-and (opt-in) how many CPUs to pin vLLM to. It reads no file and starts nothing; the entrypoint
-prints it (`entrypoint.py plan`) and applies it as environment (and affinity, with `pin`) when it
-spawns vLLM. Which CPUs a pin takes is placement's to choose (placement.choose_pin).
+and the runtime libraries preloaded into vLLM (runtime.py finds them). It reads no file and
+starts nothing; the entrypoint prints it (`entrypoint.py plan`) and applies it as environment
+when it spawns vLLM.
 
 Why a plan at all: vLLM's CPU worker sizes its OpenMP threads from the affinity mask
 (vllm/utils/ompmultiprocessing.py, `VLLM_CPU_OMP_THREADS_BIND=auto`: one logical CPU per physical
@@ -19,9 +19,9 @@ CPUs beside the OpenMP threads (on more than one CPU), they block until the writ
 instead (VLLM_SHM_BROADCAST_BUSY_SLEEP_S, the shm-busy-sleep patch). And its KV cache is either a
 fixed `VLLM_CPU_KVCACHE_SPACE` or a fraction of host memory; neither looks at memory.max.
 
-`pin` is opt-in: a container cannot know who else is confined to the same CPUs, and nothing in
-PID 1 changes vLLM's placement while it runs unless asked (docs/bench.md, "limits", has the
-measurements behind the default).
+Nothing pins vLLM: CPUs of its own are the orchestrator's to give (`--cpuset-cpus`, Kubernetes'
+static CPU manager). A pin of the plan's own was measured and deleted
+(docs/decisions/0002-delete-the-pin.md).
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError, parse_whole
 from .limits import GiB, Limits, MiB, format_cpu_list
+from .runtime import IOMP, TCMALLOC, TCMALLOC_PACKAGE, Libraries
 from .workload import Workload
 
-PLAN_MODES = ("0", "1", "pin")
+PLAN_MODES = ("0", "1")
 # Memory the vLLM processes take besides weights, KV cache and /dev/shm: three Python processes
 # with torch (API server, engine core, worker), inductor's compiled kernels, activations, and a
 # part that grows with the model (it did not stay constant from one model size to the next).
@@ -48,7 +49,15 @@ PLANNED = (
     "OMP_NUM_THREADS",
     "VLLM_CPU_KVCACHE_SPACE",
     "VLLM_SHM_BROADCAST_BUSY_SLEEP_S",
+    "LD_PRELOAD",
+    "KMP_BLOCKTIME",
+    "KMP_TPAUSE",
 )
+# Intel OpenMP's wait settings as vLLM sets them where it binds the threads itself
+# (vllm/utils/ompmultiprocessing.py: a thread spins 5 ms after a parallel region, then sleeps;
+# no TPAUSE low-power state). With `nobind` vLLM sets nothing, and the library's own default
+# spin (200 ms) would bill a CPU quota between decode steps: the plan sets vLLM's values.
+IOMP_WAITS = {"KMP_BLOCKTIME": "5", "KMP_TPAUSE": "0"}
 # vLLM's shared-memory queue readers spin on sched_yield between messages (the shm-busy-sleep
 # patch reads this variable). Under a quota the spin runs on another CPU beside the work and
 # bills the quota. Without a CPU of its own it takes the CPU the API server needs: vLLM's
@@ -77,9 +86,9 @@ class Plan:
     spare_cpus: int | None = None  # beside vLLM's auto OpenMP threads (None: not vLLM's auto)
     readers_wait: bool = False  # the shm queue readers block instead of spinning
     kv_gib: int | None = None  # VLLM_CPU_KVCACHE_SPACE
-    pin_count: int = 0  # CPUs every vLLM process is confined to (0: no pin)
-    pin: tuple[int, ...] | None = None  # which ones (placement.choose_pin)
     rank_cpus: tuple[tuple[int, ...], ...] | None = None  # each worker's own CPUs (bind_ranks)
+    libs: Libraries = Libraries()  # the runtime libraries found (runtime.find)
+    preload: tuple[str, ...] = ()  # LD_PRELOAD for vLLM
 
     @property
     def enabled(self) -> bool:
@@ -101,7 +110,23 @@ class Plan:
             env[SPIN] = SPIN_SLEEP_S
         if self.kv_gib is not None:
             env["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_gib)
+        if self.preload:
+            env["LD_PRELOAD"] = ":".join(self.preload)
+            if self.libs.iomp in self.preload and self.binding == "nobind":
+                env.update({k: v for k, v in IOMP_WAITS.items() if k not in self.yours})
         return env
+
+    def runtime_text(self) -> str:
+        if "LD_PRELOAD" in self.yours:
+            return "yours (LD_PRELOAD)"
+        malloc = "tcmalloc" if self.libs.tcmalloc in self.preload else "glibc malloc"
+        omp = "Intel OpenMP" if self.libs.iomp in self.preload else "GNU OpenMP (torch's)"
+        missing = []
+        if self.libs.tcmalloc is None:
+            missing.append(f"{TCMALLOC} not found (Debian/Ubuntu package {TCMALLOC_PACKAGE})")
+        if self.libs.iomp is None:
+            missing.append(f"{IOMP} not found (pip package intel-openmp)")
+        return f"{malloc} + {omp}" + (f": {'; '.join(missing)}" if missing else "")
 
     def threads_text(self) -> str:
         lim, workers = self.limits, self.work.workers
@@ -116,19 +141,11 @@ class Plan:
             return (
                 f"vLLM auto over the {len(lim.cpus)} allowed CPUs (no quota below them), "
                 f"{self.spare_cpus} beside its OpenMP threads"
-                + ("; nothing to pin" if self.mode == "pin" else "")
             )
         if self.omp_threads is None:
             return "vLLM's"
-        where = "not pinned"
-        if self.pin_count:
-            cpus = format_cpu_list(self.pin) if self.pin else f"{self.pin_count} CPU(s)"
-            where = (
-                f"all vLLM processes pinned to CPU {cpus} (idlest at start, "
-                "moved when others load them)"
-            )
         return (
-            f"{self.omp_threads} OpenMP thread(s) per worker x {workers} worker(s), {where} "
+            f"{self.omp_threads} OpenMP thread(s) per worker x {workers} worker(s), not pinned "
             f"(quota {lim.quota:g} CPUs of {len(lim.cpus)} allowed)"
         )
 
@@ -156,6 +173,7 @@ class Plan:
         parts += [f"{k}={v} (yours)" for k, v in self.yours.items()]
         return (
             f"plan: {self.limits.describe()} -> threads: {self.threads_text()}; "
+            f"runtime: {self.runtime_text()}; "
             f"KV cache: {self.kv_text()}; /dev/shm need {self.shm_needed / MiB:.0f} MiB; "
             f"env: {' '.join(parts) or 'nothing'}"
         )
@@ -186,8 +204,14 @@ def fixed_text(work: Workload) -> str:
     )
 
 
-def plan(limits: Limits, work: Workload, env: dict[str, str], device: str = "cpu") -> Plan:
-    """The plan for `work` in `limits`. Raises ConfigError when the container cannot hold what
+def plan(
+    limits: Limits,
+    work: Workload,
+    env: dict[str, str],
+    device: str = "cpu",
+    libs: Libraries = Libraries(),
+) -> Plan:
+    """The plan for `work` in `limits`, with the runtime libraries `libs`. Raises ConfigError when the container cannot hold what
     vLLM needs (memory, CPUs for its workers) or a value is not one the plan can take."""
     mode = env.get("INTEL_VLLM_CPU_PLAN") or "1"
     if mode not in PLAN_MODES:
@@ -204,23 +228,17 @@ def plan(limits: Limits, work: Workload, env: dict[str, str], device: str = "cpu
             busy_sleep_s(env)
         except ValueError as e:
             raise ConfigError(str(e)) from None
-    p = Plan(limits, work, device, mode, yours, **_threads(limits, work, mode, yours))
+    p = Plan(limits, work, device, mode, yours, **_threads(limits, work, mode, yours), libs=libs)
+    if mode != "0" and "LD_PRELOAD" not in yours:
+        p = replace(p, preload=libs.preload)
     p = replace(p, readers_wait=_readers_wait(p))
     return replace(p, kv_gib=_kv_gib(limits, work, mode, yours))
 
 
 def _threads(limits: Limits, work: Workload, mode: str, yours: dict) -> dict:
-    """The OpenMP threads, their binding and the pin's size, as Plan fields."""
+    """The OpenMP threads and their binding, as Plan fields."""
     quota, allowed, workers = limits.quota, limits.cpus, work.workers
     if "VLLM_CPU_OMP_THREADS_BIND" in yours or "OMP_NUM_THREADS" in yours:
-        if mode == "pin":
-            mine = " and ".join(
-                k for k in ("VLLM_CPU_OMP_THREADS_BIND", "OMP_NUM_THREADS") if k in yours
-            )
-            raise ConfigError(
-                "INTEL_VLLM_CPU_PLAN=pin chooses the CPUs and the OpenMP threads: unset "
-                f"{mine} or set INTEL_VLLM_CPU_PLAN=1"
-            )
         return {}
     if quota is None or quota >= len(allowed):
         if workers > 1 and len(limits.nodes) < workers:  # no nodes read: one node, as vLLM sees
@@ -239,9 +257,7 @@ def _threads(limits: Limits, work: Workload, mode: str, yours: dict) -> dict:
             f"{workers} vLLM CPU workers (TP x PP) need {workers} CPUs, the container "
             f"allows {len(allowed)}: give it more CPUs or lower --tensor-parallel-size"
         )
-    # every process, not only the OpenMP threads: the round trip is what crosses CPUs
-    pin_count = max(count, math.ceil(quota)) if mode == "pin" else 0
-    return {"omp_threads": count // workers, "binding": "nobind", "pin_count": pin_count}
+    return {"omp_threads": count // workers, "binding": "nobind"}
 
 
 def bind_ranks(limits: Limits, workers: int) -> dict:
@@ -264,18 +280,14 @@ def bind_ranks(limits: Limits, workers: int) -> dict:
 
 
 def _readers_wait(p: Plan) -> bool:
-    """Whether the shm queue readers should block on the writer's wake-up instead of spinning.
-    Pinned to one CPU under a quota of at least one CPU, the processes cannot use more than the
-    quota and the spin's sched_yield() hands that CPU straight to the work, as on a one-CPU
-    cpuset: the spin stays (docs/bench.md, "limits")."""
+    """Whether the shm queue readers should block on the writer's wake-up instead of spinning."""
     quota, allowed = p.limits.quota, p.limits.cpus
     under_quota = quota is not None and quota < len(allowed)
-    one_cpu = p.pin_count == 1 and quota is not None and quota >= 1
     spare = p.spare_cpus
     if p.rank_cpus is not None:
         spare = len(allowed) - sum(len(r) for r in p.rank_cpus)
     no_spare = spare is not None and spare < SPARE_CPUS and len(allowed) > 1
-    return p.enabled and SPIN not in p.yours and not one_cpu and (under_quota or no_spare)
+    return p.enabled and SPIN not in p.yours and (under_quota or no_spare)
 
 
 def _kv_gib(limits: Limits, work: Workload, mode: str, yours: dict) -> int | None:

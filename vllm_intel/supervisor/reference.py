@@ -105,7 +105,7 @@ SETTINGS = (
     Setting(
         "INTEL_VLLM_CPU_PLAN",
         "`1`",
-        "`1`: threads and KV cache from the limits; `pin`: also pin (opt-in); `0`: off",
+        "`1`: threads and KV cache from the limits; `0`: off",
     ),
     Setting(
         "INTEL_VLLM_PATCHES`, `INTEL_VLLM_PATCHES_DISABLE`, `INTEL_VLLM_PATCHES_STRICT",
@@ -117,6 +117,19 @@ SETTINGS = (
         "off",
         "`1` applies patches also outside the vLLM releases they were tested on",
     ),
+)
+
+
+# The settings users change most, in README's order: its "Settings you will change" table
+# (docs.common_settings_table), each row taken from SETTINGS or VLLM_SETTINGS by name.
+COMMON = (
+    "INTEL_VLLM_DRAIN_TIMEOUT",
+    "--shutdown-timeout",
+    "INTEL_VLLM_MODEL",
+    "HF_HUB_OFFLINE",
+    "INTEL_VLLM_PROBE_PORT",
+    "INTEL_VLLM_LOG_FORMAT",
+    "INTEL_VLLM_CPU_PLAN",
 )
 
 
