@@ -104,7 +104,7 @@ def compile_cache(docker_host):
         shutil.rmtree(path, ignore_errors=True)
 
 
-COMPILE_CACHE_ENV = "VLLM_INTEL_TEST_COMPILE_CACHE"
+COMPILE_CACHE_ENV = "INTEL_VLLM_TEST_COMPILE_CACHE"
 
 
 def cache_dir(name: str) -> pathlib.Path:

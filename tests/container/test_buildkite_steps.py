@@ -4,7 +4,7 @@
   short selection here: IN_IMAGE_ARGS; the agent runs the image's whole CMD), the smoke test
   (serve, request, stop, restart, request, stop). Its step 4 is `make test` itself: HOST_TESTS=0.
 - xpu-build.sh for the default release (0.34.0, upstream's newest published image; the others
-  with VLLM_INTEL_XPU_STAND_INS=all): on a stand-in of that image (the agent pulls the
+  with INTEL_VLLM_XPU_STAND_INS=all): on a stand-in of that image (the agent pulls the
   real one); the in-image xpu_image tests report what the stand-in cannot show as skipped with
   "stand-in: ...".
 - xpu.sh: without /dev/dri it stops at its first check; past it, it runs xpu-lib.sh's functions
@@ -111,10 +111,10 @@ UPSTREAM_ROUTE = [
 # Every run (`make test`): the default release. Another release's stand-in build runs the same
 # steps on its row's pins, which tests/xpu checks against that release's sdist (and its driver
 # sources run on recording shims in test_xpu_source_route.py), so the others' stand-in builds
-# (2-5 min each on 2 cores) run with VLLM_INTEL_XPU_STAND_INS=all (docs/docker.md); their
+# (2-5 min each on 2 cores) run with INTEL_VLLM_XPU_STAND_INS=all (docs/docker.md); their
 # Buildkite steps build them on upstream's real images on every pipeline run.
 EVERY_RUN = UPSTREAM_ROUTE[:1]
-ALL_STAND_INS = os.environ.get("VLLM_INTEL_XPU_STAND_INS") == "all"
+ALL_STAND_INS = os.environ.get("INTEL_VLLM_XPU_STAND_INS") == "all"
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ ALL_STAND_INS = os.environ.get("VLLM_INTEL_XPU_STAND_INS") == "all"
         else pytest.param(
             v,
             marks=pytest.mark.skip(
-                reason=f"stand-in of {v}: not in every run; VLLM_INTEL_XPU_STAND_INS=all runs it"
+                reason=f"stand-in of {v}: not in every run; INTEL_VLLM_XPU_STAND_INS=all runs it"
             ),
         )
         for v in UPSTREAM_ROUTE

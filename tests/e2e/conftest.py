@@ -100,4 +100,8 @@ def assert_nothing_left(s: Server, expect_shm: bool = True) -> None:
     if expect_shm:  # a serving vLLM maps psm_* segments; else the check below proves nothing
         assert s.shm, "no shared memory seen"
     assert {p for p in s.shm if os.path.exists(p)} == set()
+    # Intel OpenMP's registrations are never mapped (s.shm cannot see them): by their pids
+    pids = {str(pid) for pid in s.family}
+    kmp = [f.name for f in pathlib.Path("/dev/shm").glob("__KMP_REGISTERED_LIB_*")]
+    assert [n for n in kmp if n.split("_")[5] in pids] == [], kmp
     assert list(s.tmp.iterdir()) == [], list(s.tmp.iterdir())  # run dir and state file gone

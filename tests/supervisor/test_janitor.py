@@ -177,6 +177,20 @@ def test_the_watcher_records_what_the_run_maps(tmp_path):
     claim.release()
 
 
+def test_the_watcher_claims_intel_openmps_registrations_of_the_runs_pids(tmp_path):
+    """libiomp5 writes `__KMP_REGISTERED_LIB_<pid>_<uid>` and unmaps it: the pid in the name says
+    whose it is; another process's stays unclaimed (never removed by this run)."""
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    mine, other = f"__KMP_REGISTERED_LIB_{os.getpid()}_0", "__KMP_REGISTERED_LIB_1_0"
+    _files(shm, mine, other)
+    claim = janitor.Claim(shm, tmp_path)
+    janitor.Watcher(claim, shm, os.getpid()).scan()
+    assert claim.names == {mine}
+    claim.release()
+    assert sorted(f.name for f in shm.iterdir()) == [other]
+
+
 @contextlib.contextmanager
 def _watching(monkeypatch, shm):
     """A Watcher on this process at a 10 ms period, ticked as the loop does while the block runs:

@@ -46,6 +46,10 @@ from .log import log
 from .paths import RUN_DIR_PREFIX
 from .timing import TICK_S
 
+# Intel OpenMP's registration of each process that loads it (libiomp5: `__KMP_REGISTERED_LIB_<pid>_
+# <uid>`, written and unmapped at once; removed by the library's exit handler, which neither a
+# killed process nor fast-exit's os._exit runs): a run claims it by the pid in its name.
+KMP_REGISTRATION = re.compile(r"__KMP_REGISTERED_LIB_([0-9]+)(_[0-9]+)?")
 # Names vLLM (multiprocessing) gives its shared memory segments and semaphores in /dev/shm.
 SHM_PATTERNS = (
     re.compile(r"psm_[0-9a-f]+"),
@@ -56,9 +60,7 @@ SHM_PATTERNS = (
     # cpu_communicator.py: VLLM_DIST_IDENT, the basename of the run's file:// init method, then
     # the group and its ranks; the C++ side adds _<rank>): `vllm_dist_<hex>-tp:0-[0-1]-cpushm_0`
     re.compile(r"vllm_dist_[0-9a-f]+-[\w:.\[\]-]+-cpushm_[0-9]+"),
-    # Intel OpenMP's registration of each process that loads it (libiomp5: `__KMP_REGISTERED_LIB_
-    # <pid>_<uid>`, shm_open'ed and mapped; left behind when the process is killed)
-    re.compile(r"__KMP_REGISTERED_LIB_[0-9]+(_[0-9]+)?"),
+    KMP_REGISTRATION,
 )
 CLAIM_PREFIX, CLAIM_SUFFIX = "vllm-intel-run-", ".claim"
 LOCK_FILE = "supervisor.lock"
@@ -116,6 +118,12 @@ def vllm_entries(shm_dir: pathlib.Path) -> list[pathlib.Path]:
 
 def entries_used_by(shm_dir: pathlib.Path, used: set[tuple[int, int]]) -> set[str]:
     return {entry.name for entry in vllm_entries(shm_dir) if inode(entry) in used}
+
+
+def registered_by(name: str, pids: set[str]) -> bool:
+    """An Intel OpenMP registration of one of `pids` (its name holds the process's pid)."""
+    m = KMP_REGISTRATION.fullmatch(name)
+    return m is not None and m.group(1) in pids
 
 
 def tree_of(pid: int) -> list[psutil.Process]:
@@ -248,8 +256,9 @@ class Watcher:
         """Claim the unclaimed vLLM entries the run's processes map (`unclaimed`: as just listed
         by `unclaimed()`, so that the directory is not listed twice)."""
         entries = self.unclaimed() if unclaimed is None else unclaimed
-        used = files_in_use(tree_of(self.pid))
-        self.claim.add({name for name, ino in entries if ino in used})
+        tree = tree_of(self.pid)
+        used, pids = files_in_use(tree), {str(p.pid) for p in tree}
+        self.claim.add({name for name, ino in entries if ino in used or registered_by(name, pids)})
 
     def unclaimed(self) -> frozenset[tuple[str, tuple[int, int] | None]]:
         """The vLLM entries in the shm directory this run has not claimed, by name and inode."""
