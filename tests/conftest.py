@@ -117,6 +117,22 @@ def _whole_suite(config: pytest.Config) -> bool:
     )
 
 
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """The tests test this checkout: vllm_intel from its root (pytest's pythonpath), the plugin
+    vllm_intel.patches from its patches/ through the editable install of this checkout into the
+    running venv (scripts/vllm-venv.sh; the test image's stage). A venv another clone installed
+    last maps the name to that clone's patches/: nothing runs then."""
+    spec = importlib.util.find_spec("vllm_intel.patches")
+    origin = spec.origin if spec else None
+    want = ROOT / "patches" / "__init__.py"
+    if not origin or pathlib.Path(origin).resolve() != want:
+        pytest.exit(
+            f"vllm_intel.patches is {origin}, not {want}: install this checkout editable into "
+            f"{sys.prefix} (scripts/vllm-venv.sh, which `make setup` runs)",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A whole-suite run fails if a shipped script (docker/, .buildkite/steps/) never ran."""
     from tests.harness import scripts_run

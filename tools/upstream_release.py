@@ -14,16 +14,17 @@
 
 A release's source is its PyPI sdist (scripts/vllm-sdist.sh: checked against the recipe table's
 sha256, or the index's for a release the table does not have yet), its Python files unpacked once
-into the cache. A verdict runs the patch plugin of this checkout in the default vLLM venv with
-that source first on the path: the release's own Python code, on the venv's torch and compiled
-extensions, on a canonical CPU host (below). Run under the default venv's python (`make
-upstream-release V=X` does).
+into the cache. A verdict runs the patch plugin of this checkout (the default vLLM venv's
+editable install of it) in that venv with that source first on the path: the release's own Python
+code, on the venv's torch and compiled extensions, on a canonical CPU host (below). Run under the
+default venv's python (`make upstream-release V=X` does).
 """
 
 from __future__ import annotations
 
 import ast
 import difflib
+import importlib.util
 import json
 import os
 import pathlib
@@ -60,8 +61,19 @@ print(json.dumps({"vllm": _base.vllm_version(),
 """
 
 
-def _sys_path_first():
-    sys.path.insert(0, str(ROOT))  # vllm_intel (and through it patches/) from this checkout
+def _this_checkout():
+    """The plugin read here and in a verdict's process is this checkout's patches/: the venv's
+    vllm_intel.patches, by its editable install of this checkout (scripts/vllm-venv.sh)."""
+    try:
+        spec = importlib.util.find_spec("vllm_intel.patches")
+    except ModuleNotFoundError:  # no vllm_intel at all
+        spec = None
+    origin = spec.origin if spec else None
+    if not origin or pathlib.Path(origin).resolve() != ROOT / "patches" / "__init__.py":
+        raise SystemExit(
+            f"upstream-release: vllm_intel.patches is {origin}, not this checkout's patches/: "
+            "run under the venv scripts/vllm-venv.sh prints (`make upstream-release` does)"
+        )
 
 
 def sdist(version: str) -> pathlib.Path:
@@ -166,7 +178,7 @@ def render_record(data: dict) -> str:
 
 def verdict(version: str, python: str = sys.executable) -> dict:
     """{"vllm": version, "patches": {name: [state, reason]}} on the release's source."""
-    env = dict(os.environ, PYTHONPATH=f"{source(version)}:{ROOT}", VLLM_TARGET_DEVICE="cpu")
+    env = dict(os.environ, PYTHONPATH=str(source(version)), VLLM_TARGET_DEVICE="cpu")
     env.pop("VLLM_INTEL_RUN_DIR", None)
     out = subprocess.run(
         [python, "-c", CANONICAL_HOST], capture_output=True, text=True, env=env, cwd="/"
@@ -301,7 +313,8 @@ def show(version: str) -> int:
 
 
 def main(argv: list[str]) -> int:
-    _sys_path_first()
+    if argv[:1] in (["show"], ["record"], ["verdicts"]):  # the commands that read the plugin
+        _this_checkout()
     if argv[:1] == ["show"] and len(argv) == 2:
         return show(argv[1])
     if argv[:1] == ["row"] and len(argv) == 2:

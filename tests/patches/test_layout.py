@@ -1,6 +1,7 @@
 """Where the plugin comes from: its source is the top-level patches/, its import name is
-vllm_intel.patches. In the checkout vllm_intel/__init__.py maps that one name to patches/; a wheel
-(pyproject.toml's package-dir) holds it as vllm_intel/patches/ and never takes that mapping."""
+vllm_intel.patches, by packaging alone (pyproject.toml's package-dir): a wheel holds it as
+vllm_intel/patches/, an editable install of a checkout (scripts/vllm-venv.sh, the test image's
+stage) maps the name to the checkout's patches/."""
 
 from __future__ import annotations
 
@@ -16,12 +17,13 @@ import pytest
 
 import vllm_intel.patches
 from tests.harness import ROOT
+from tests.harness.editable import editable_venv
 
 SOURCE = ROOT / "patches"
 MODULES = sorted(p.name for p in SOURCE.glob("*.py"))
 
 # Prints where the plugin came from, in the process and in a spawned child (vLLM's processes load
-# the plugin by its name the same way), and whether the checkout's finder is on sys.meta_path.
+# the plugin by its name the same way), and which other directories became vllm_intel.* modules.
 PROBE = """
 import importlib.util, json, multiprocessing, sys
 
@@ -37,19 +39,20 @@ if __name__ == "__main__":
         "init": vllm_intel.patches.__file__,
         "registry": where(),
         "child": child,
-        "finder": any(getattr(f, "__name__", "") == "_SourcePatchesFinder" for f in sys.meta_path),
         "others": [n for n in ("vllm_intel.tests", "vllm_intel.tools", "vllm_intel.docker")
                    if importlib.util.find_spec(n) is not None],
     }))
 """
 
 
-def probe(cwd: pathlib.Path, pythonpath: pathlib.Path) -> dict:
+def probe(cwd: pathlib.Path, pythonpath: pathlib.Path | None, python=sys.executable) -> dict:
+    """The probe in `cwd` under `python`, with `pythonpath` alone on PYTHONPATH (None: none)."""
     (cwd / "probe.py").write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run(
-        [sys.executable, "probe.py"],
+        [str(python), "probe.py"],
         cwd=cwd,
-        env=dict(os.environ, PYTHONPATH=str(pythonpath)),
+        env=env if pythonpath is None else dict(env, PYTHONPATH=str(pythonpath)),
         capture_output=True,
         text=True,
         timeout=120,
@@ -60,22 +63,36 @@ def probe(cwd: pathlib.Path, pythonpath: pathlib.Path) -> dict:
 
 def test_the_checkout_imports_the_plugin_from_patches():
     assert not (ROOT / "vllm_intel" / "patches").exists(), "the plugin's source is patches/"
-    assert pathlib.Path(vllm_intel.patches.__file__) == SOURCE / "__init__.py"
-    assert list(vllm_intel.patches.__path__) == [str(SOURCE)]
+    assert pathlib.Path(vllm_intel.patches.__file__).resolve() == SOURCE / "__init__.py"
+    assert [pathlib.Path(p).resolve() for p in vllm_intel.patches.__path__] == [SOURCE]
     from vllm_intel.patches import registry
 
-    assert pathlib.Path(registry.__file__).parent == SOURCE
+    assert pathlib.Path(registry.__file__).resolve().parent == SOURCE
 
 
-def test_from_another_cwd_with_the_checkout_on_pythonpath(tmp_path):
-    got = probe(tmp_path, ROOT)
-    assert got["init"] == str(SOURCE / "__init__.py")
-    assert got["registry"] == got["child"] == str(SOURCE / "registry.py")
-    assert got["finder"] and got["others"] == []  # exactly vllm_intel.patches, nothing else
+def sources(dest: pathlib.Path) -> pathlib.Path:
+    """What docker/install-app.sh copies (pyproject.toml, vllm_intel/, patches/), without caches."""
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    dest.mkdir()
+    shutil.copy2(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    shutil.copytree(ROOT / "vllm_intel", dest / "vllm_intel", ignore=ignore)
+    shutil.copytree(SOURCE, dest / "patches", ignore=ignore)
+    return dest
+
+
+def test_the_venv_maps_the_plugin_to_this_checkout_from_any_cwd(tmp_path):
+    """The running venv's editable install of this checkout, nothing on PYTHONPATH, another cwd:
+    its vllm_intel.patches is patches/ in the process, a spawned child and `-m`."""
+    got = probe(tmp_path, None)
+    assert pathlib.Path(got["init"]).resolve() == SOURCE / "__init__.py"
+    assert {pathlib.Path(got[k]).resolve() for k in ("registry", "child")} == {
+        SOURCE / "registry.py"
+    }
+    assert got["others"] == []  # exactly vllm_intel.patches, nothing else
     r = subprocess.run(
         [sys.executable, "-m", "vllm_intel.patches", "--help"],
         cwd=tmp_path,
-        env=dict(os.environ, PYTHONPATH=str(ROOT)),
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
         capture_output=True,
         text=True,
         timeout=60,
@@ -83,29 +100,28 @@ def test_from_another_cwd_with_the_checkout_on_pythonpath(tmp_path):
     assert (r.returncode, r.stdout.strip()) == (0, vllm_intel.patches.USAGE), r.stderr
 
 
-def test_a_leftover_pycache_of_the_old_layout_does_not_hide_patches(tmp_path):
-    """A checkout pulled over the old layout keeps an untracked vllm_intel/patches/__pycache__:
-    the finder comes before the namespace package that directory would otherwise be."""
-    src = tmp_path / "src"
-    ignore = shutil.ignore_patterns("__pycache__")
-    shutil.copytree(ROOT / "vllm_intel", src / "vllm_intel", ignore=ignore)
-    shutil.copytree(SOURCE, src / "patches", ignore=ignore)
-    (src / "vllm_intel" / "patches" / "__pycache__").mkdir(parents=True)
+def test_an_editable_install_maps_the_plugin_to_the_checkouts_patches(tmp_path):
+    """pip's editable install of a checkout (as scripts/vllm-venv.sh and the test image make it),
+    here of a copy into a bare venv: setuptools maps vllm_intel.patches to the copy's patches/ in
+    the process and a spawned child, and writes into the copy nothing .gitignore keeps."""
+    pytest.importorskip("setuptools")
+    src = sources(tmp_path / "src")
+    before = set(src.rglob("*"))
+    python = editable_venv(src, tmp_path / "venv")
+    written = {p.relative_to(src).parts[0] for p in set(src.rglob("*")) - before}
+    assert written <= {"build", "vllm_intel.egg-info"}, written  # .gitignore: /build/, *.egg-info/
     (tmp_path / "cwd").mkdir()
-    got = probe(tmp_path / "cwd", src)
+    got = probe(tmp_path / "cwd", None, python)
+    assert got["init"] == str(src / "patches" / "__init__.py")
     assert got["registry"] == got["child"] == str(src / "patches" / "registry.py")
+    assert got["others"] == []
 
 
 def test_the_wheel_holds_vllm_intel_patches_and_never_maps_to_the_checkout(tmp_path):
     """Built from what docker/install-app.sh copies (pyproject.toml, vllm_intel/, patches/), in a
     copy: a stale build/lib of the checkout must not stand in for the package-dir mapping."""
     pytest.importorskip("setuptools")
-    src = tmp_path / "src"
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    src.mkdir()
-    shutil.copy2(ROOT / "pyproject.toml", src / "pyproject.toml")
-    shutil.copytree(ROOT / "vllm_intel", src / "vllm_intel", ignore=ignore)
-    shutil.copytree(SOURCE, src / "patches", ignore=ignore)
+    src = sources(tmp_path / "src")
     r = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
         + ["-w", str(tmp_path / "dist"), str(src)],
@@ -124,19 +140,22 @@ def test_the_wheel_holds_vllm_intel_patches_and_never_maps_to_the_checkout(tmp_p
     tops = {n.split("/", 1)[0] for n in names}
     assert {t for t in tops if not t.endswith(".dist-info")} == {"vllm_intel"}, tops  # no patches/
     assert "intel_patches = vllm_intel.patches:register" in entry_points
-    # Installed (the wheel's files on sys.path, this checkout nowhere): its own copy, no finder.
+    # The wheel's files first on sys.path (before the venv's editable install): its own copy.
     (tmp_path / "cwd").mkdir()
     got = probe(tmp_path / "cwd", tmp_path / "site")
     site = tmp_path / "site" / "vllm_intel" / "patches"
     assert got["registry"] == got["child"] == str(site / "registry.py")
-    assert not got["finder"] and got["others"] == []
+    assert got["others"] == []
 
 
 def test_the_images_build_the_wheel_from_patches():
     """The app stage bind-mounts patches/ for docker/install-app.sh, which copies it next to
-    pyproject.toml; the test stage's checkout has it too."""
+    pyproject.toml; the test stage's checkout has it too, installed editable as a checkout is."""
     assert '"$src/patches"' in (ROOT / "docker" / "install-app.sh").read_text()
+    editable = "--no-deps --no-build-isolation -e"
+    assert f'{editable} "$here"' in (ROOT / "scripts" / "vllm-venv.sh").read_text()
     for acc in ("cpu", "xpu"):
         text = (ROOT / "docker" / f"Dockerfile.{acc}").read_text()
         assert "--mount=type=bind,source=patches,target=/tmp/src/patches" in text, acc
         assert "\nCOPY patches /src/patches\n" in text, acc
+        assert f"{editable} /src " in text, acc

@@ -13,6 +13,8 @@ import time
 import psutil
 import pytest
 
+from tests.harness.editable import editable_venv
+
 from .conftest import ROOT, free_port
 
 
@@ -304,8 +306,10 @@ def test_vllm_not_installed_is_127(tmp_path):
     model = tmp_path / "m"
     model.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # That python with its own packages and this checkout, installed as a checkout is (editable).
+    python = editable_venv(ROOT, tmp_path / "venv", bare, system_site=True)
     res = subprocess.run(
-        [bare, "-I", str(ROOT / "entrypoint.py"), "serve", str(model)],
+        [python, "-I", str(ROOT / "entrypoint.py"), "serve", str(model)],
         capture_output=True,
         text=True,
         env=env,
