@@ -6,6 +6,10 @@ their states. It never raises into vLLM start-up unless ``INTEL_VLLM_PATCHES_STR
 
 ``main(argv)`` (``python -m vllm_intel.patches``) applies the patches in its own process and
 prints one line per patch: name, state, reason. See docs/patches.md.
+
+The names in ``__all__`` are the package's public surface (the supervisor uses no other):
+``patch_names()`` and ``declarations()`` read the patches' sources and import none of them (nor
+torch); ``busy_sleep_s()`` imports only its own patch module.
 """
 
 from __future__ import annotations
@@ -29,12 +33,21 @@ from ._base import (
     Patch,
     PatchConfigError,
     PatchFailedError,
+    vllm_version,
 )
+from .registry import Declared
 
 __all__ = [
     "register",
     "main",
+    "USAGE",
     "apply_all",
+    "patch_names",
+    "declarations",
+    "Declared",
+    "named_in",
+    "busy_sleep_s",
+    "vllm_version",
     "PatchConfigError",
     "PatchFailedError",
     "APPLIED",
@@ -84,6 +97,33 @@ def apply_all(env=os.environ) -> tuple[list[Patch], PatchConfigError | None]:
     for p in enabled:
         p.apply(untested_ok)
     return enabled + disabled, error
+
+
+def patch_names() -> list[str]:
+    """Every patch's name, in apply order, from the modules' sources (imports no patch)."""
+    return [d.name for d in registry.declarations()]
+
+
+def declarations() -> list[Declared]:
+    """Every patch's declarations (name, order, summary, targets, tested, lifecycle, upstream,
+    fixed_in, platform, condition), in apply order, from the modules' sources (imports no patch)."""
+    return registry.declarations()
+
+
+def named_in(env) -> dict[str, list[str]]:
+    """The patch names each of INTEL_VLLM_PATCHES and INTEL_VLLM_PATCHES_DISABLE lists in ``env``
+    (``[]`` when unset or blank), by variable."""
+    return {
+        var: registry._names(env.get(var)) or [] for var in (registry.ALLOW_ENV, registry.DENY_ENV)
+    }
+
+
+def busy_sleep_s(env=os.environ) -> float:
+    """VLLM_SHM_BROADCAST_BUSY_SLEEP_S as shm-busy-sleep reads it (0 when unset); ValueError, one
+    line, for a value it refuses."""
+    from .shm_busy_sleep import busy_sleep_s as read
+
+    return read(env)
 
 
 def _order(patches: list[Patch]) -> list[Patch]:

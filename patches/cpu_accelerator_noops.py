@@ -95,12 +95,16 @@ def _distinct_noop(name: str):
 
 class CpuAcceleratorNoops(Patch):
     name = "cpu-accelerator-noops"
+    order = 20
     summary = "one no-op bound to both `synchronize` and `empty_cache` breaks `torch.compile` (vllm PR #49960)"
     targets = (
         "vllm.v1.worker.cpu.shm",
         "vllm.v1.worker.cpu_model_runner:_set_torch_accelerator_to_noop",
     )
     tested = ">=0.27.1,<=0.32.0"
+    upstream = "vllm PR #49960 (vllm#41033)"
+    fixed_in = "0.32.0"
+    platform = "cpu"
 
     def check(self) -> tuple[str, str]:
         aliased_now = torch.accelerator.synchronize is torch.accelerator.empty_cache

@@ -217,6 +217,7 @@ def drain_shape(tree: ast.AST) -> tuple[bool, bool]:
 
 class DrainDeadline(Patch):
     name = "drain-deadline"
+    order = 40
     summary = "a drain shorter than the work ends every stream with `abort` + `[DONE]`; 503 while draining; the drain forecast"
     targets = (
         "vllm.v1.engine.core:EngineCoreProc._handle_shutdown",

@@ -128,6 +128,7 @@ def on_parent_exit(ppid: int) -> None:
 
 class EngineParentWatch(Patch):
     name = "engine-parent-watch"
+    order = 80
     summary = "the engine core outlived an API server killed without its shutdown; it now follows its parent"
     targets = (
         "vllm.v1.engine.core:EngineCoreProc.run_engine_core",
@@ -135,6 +136,8 @@ class EngineParentWatch(Patch):
     )
     tested = ">=0.27.1,<=0.32.0"
     lifecycle = True
+    upstream = "vllm issue #55510; vllm PR #55846, vllm PR #34816 (open)"
+    condition = "the engine core process"
 
     def __init__(self) -> None:
         super().__init__()

@@ -129,6 +129,7 @@ def _on_cpu() -> bool:
 
 class FastExit(Patch):
     name = "fast-exit"
+    order = 50
     summary = "vLLM's processes exit without the final GC scan and, on CPU, without interpreter finalization"
     targets = (
         "vllm.v1.engine.core:EngineCoreProc.run_engine_core",

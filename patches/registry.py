@@ -1,28 +1,123 @@
-"""The list of patch modules, in the order they are applied, and the env-var selection.
+"""The patches, found: every module of this package that assigns ``PATCH = <Patch subclass>()``
+(not ``_private`` ones, nor this module, ``tested_code``, ``__main__``, ``__init__``), in the order
+their classes declare (``Patch.order``); and the env-var selection.
 
-Adding a patch is one line: append its module name to PATCH_MODULES (the module defines
-``PATCH = <Patch subclass>()``; see _base.py and docs/patches.md).
+Adding a patch is adding its module (see _base.py and docs/patches.md): nothing here names it.
+Names and declarations come from the modules' sources, so knowing them imports no patch (the
+modules import torch and vLLM).
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import functools
 import importlib
+import pathlib
 from collections.abc import Mapping
 
 from ._base import UNTESTED_ENV as UNTESTED_ENV  # defined beside the range check it governs
 from ._base import Patch, PatchConfigError, env_allows_untested, env_flag
 
-PATCH_MODULES = [
-    "cpu_accelerator_api",  # torch.accelerator on CPU-only hosts (+ torch.compile)
-    "cpu_accelerator_noops",  # vllm#41033 / vllm PR #49960: vLLM's aliased CPU no-ops
-    "xpu_shutdown",  # vllm PR #46433: graceful XPU shutdown (< 0.25)
-    "drain_deadline",  # a drain ends with a final event per request, never a stall
-    "fast_exit",  # no multi-second final GC scan after vLLM's teardown
-    "cpu_aot_compile",  # vllm PR #32037: no AOT artifact on CPU that fails to load every start
-    "shm_busy_sleep",  # vllm PR #52848: shm queue readers sleep, not spin (under a CPU quota)
-    "engine_parent_watch",  # vllm issue #55510: the engine core follows its dead parent
-    "cpu_amx_tiles",  # AMX CPUs: the process may use AMX tiles before vLLM's AMX kernels run
-]
+NOT_PATCHES = ("registry", "tested_code")  # besides _private modules, __init__ and __main__
+
+
+@dataclasses.dataclass(frozen=True)
+class Declared:
+    """A patch's declarations (Patch's class attributes of the same names), read from its
+    module's source; unset ones have Patch's defaults."""
+
+    module: str  # the module's name in this package, e.g. "fast_exit"
+    name: str
+    order: int
+    summary: str = Patch.summary
+    targets: tuple[str, ...] = Patch.targets
+    tested: str = Patch.tested
+    lifecycle: bool = Patch.lifecycle
+    upstream: str = Patch.upstream
+    fixed_in: str = Patch.fixed_in
+    platform: str = Patch.platform
+    condition: str = Patch.condition
+
+
+DECLARED = tuple(f.name for f in dataclasses.fields(Declared) if f.name != "module")
+
+
+def _name_of(node: ast.AST | None) -> str | None:
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _assigned(item: ast.stmt) -> tuple[str | None, ast.expr | None]:
+    """(name, value) of ``name = value`` or ``name: type = value``, else (None, None)."""
+    if isinstance(item, ast.Assign) and len(item.targets) == 1:
+        return _name_of(item.targets[0]), item.value
+    if isinstance(item, ast.AnnAssign):
+        return _name_of(item.target), item.value
+    return None, None
+
+
+def _patch_class(tree: ast.Module) -> ast.ClassDef | None:
+    """The class of the module's top-level ``PATCH = Class()``; None without a PATCH."""
+    for node in tree.body:
+        name, value = _assigned(node)
+        if name == "PATCH":
+            cls = _name_of(value.func) if isinstance(value, ast.Call) else None
+            for found in tree.body:
+                if isinstance(found, ast.ClassDef) and found.name == cls:
+                    return found
+            raise ValueError("PATCH is not an instance of a class defined in its module")
+    return None
+
+
+def read_declarations(path: pathlib.Path) -> Declared | None:
+    """The declarations of the patch a module's source defines; None when it defines no PATCH.
+    ValueError when a declaration is not a literal, or ``name`` or ``order`` is missing."""
+    try:
+        cls = _patch_class(ast.parse(path.read_text(encoding="utf-8")))
+    except ValueError as exc:
+        raise ValueError(f"{path.name}: {exc}") from None
+    if cls is None:
+        return None
+    found = {}
+    for item in cls.body:
+        attr, value = _assigned(item)
+        if attr in DECLARED and value is not None:
+            try:
+                found[attr] = ast.literal_eval(value)
+            except ValueError:
+                raise ValueError(f"{path.name}: {cls.name}.{attr} is not a literal") from None
+    missing = [a for a in ("name", "order") if a not in found]
+    if missing:
+        raise ValueError(f"{path.name}: {cls.name} declares no {' and no '.join(missing)}")
+    return Declared(module=path.stem, **found)
+
+
+@functools.cache
+def _declarations(where: str) -> tuple[Declared, ...]:
+    found = []
+    for path in sorted(pathlib.Path(where).glob("*.py")):
+        if path.stem.startswith("_") or path.stem in NOT_PATCHES:
+            continue
+        if (declared := read_declarations(path)) is not None:
+            found.append(declared)
+    return tuple(sorted(found, key=lambda d: (d.order, d.module)))
+
+
+def declarations() -> list[Declared]:
+    """Every patch's declarations, in apply order (a package's modules do not change under it)."""
+    return list(_declarations(str(pathlib.Path(__file__).parent)))
+
+
+def modules() -> list[str]:
+    """The patch modules, in apply order."""
+    return [d.module for d in declarations()]
+
+
+def __getattr__(name: str):
+    if name == "PATCH_MODULES":  # derived: the modules found, in apply order
+        return modules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 ALLOW_ENV = "INTEL_VLLM_PATCHES"
 DENY_ENV = "INTEL_VLLM_PATCHES_DISABLE"
@@ -30,7 +125,7 @@ STRICT_ENV = "INTEL_VLLM_PATCHES_STRICT"
 
 
 def all_patches() -> list[Patch]:
-    return [importlib.import_module(f"{__package__}.{m}").PATCH for m in PATCH_MODULES]
+    return [importlib.import_module(f"{__package__}.{m}").PATCH for m in modules()]
 
 
 def _names(value: str | None) -> list[str] | None:

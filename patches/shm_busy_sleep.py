@@ -182,9 +182,12 @@ def shape(tree: ast.AST) -> str | None:
 
 class ShmBusySleep(Patch):
     name = "shm-busy-sleep"
+    order = 70
     summary = "vLLM's shared-memory readers spin beside the work; they now wait for the writer's wake-up (set by the CPU plan)"
     targets = ("vllm.distributed.device_communicators.shm_broadcast:SpinCondition",)
     tested = ">=0.27.1,<=0.34.0"
+    upstream = "vllm PR #52848 (open)"
+    condition = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S set (by the CPU plan)"
 
     def check(self) -> tuple[str, str]:
         src = module_source(MODULE)

@@ -115,6 +115,7 @@ def _platform():
 
 class XpuShutdown(Patch):
     name = "xpu-shutdown"
+    order = 30
     summary = "vLLM < 0.25 on XPU: drain of at least 5 s, memory pools released (vllm PR #46433)"
     targets = (
         "vllm.platforms.xpu:XPUPlatform.check_and_update_config",
@@ -124,6 +125,9 @@ class XpuShutdown(Patch):
         "vllm.v1.worker.gpu_worker:Worker.shutdown",
     )
     tested = ">=0.24.0,<=0.32.0"
+    upstream = "vllm PR #46433"
+    fixed_in = "0.25.0"
+    platform = "xpu"
 
     def check(self) -> tuple[str, str]:
         try:

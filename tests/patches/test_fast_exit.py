@@ -15,6 +15,10 @@ import subprocess
 import pytest
 from _patchtest import run_json, run_py
 
+# The followed releases these tests run the patch on: an observation of this file, checked against
+# the patch's own `tested` range by test_tested_range.py (the union over the test files).
+EXERCISES = {"fast-exit": ("0.27.1", "0.32.0")}
+
 SNIPPET = """
 import gc, json, weakref
 from types import SimpleNamespace
@@ -59,7 +63,7 @@ print(json.dumps(dict(state=state, again=again, reason=reason, survived=survived
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", ["0.32.0", "0.27.1"])
+@pytest.mark.parametrize("version", EXERCISES["fast-exit"])
 def test_exiting_processes_skip_the_teardown_collections_on_cpu(vllm_python, version):
     got = run_json(vllm_python(version), "SIMULATE_XPU = False\n" + SNIPPET)
     assert got["state"] == "applied" and got["again"] == "applied", got

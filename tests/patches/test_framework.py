@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import logging
+import pathlib
 
 import pytest
 from _patchtest import run_py
@@ -60,11 +61,53 @@ def test_entry_point_is_registered():
 def test_registry_lists_our_modules_with_docstrings():
     names = [p.name for p in registry.all_patches()]
     assert set(MINE) <= set(names) and len(names) == len(set(names))
-    for mod in registry.PATCH_MODULES:
+    for mod in registry.modules():
         doc = importlib.import_module(f"vllm_intel.patches.{mod}").__doc__
         # Every patch names its target, the upstream fix (or that there is none), the releases.
         for word in ("target", "upstream:", "release"):
             assert word in doc.lower(), (mod, word)
+
+
+def test_every_public_module_is_a_patch_and_declares_itself():
+    """A module of patches/ is a patch unless _private (helpers) or the registry's own; each
+    declares its name and order in its own class, as literals the registry reads without import."""
+    source = pathlib.Path(registry.__file__).parent
+    public = sorted(
+        p.stem
+        for p in source.glob("*.py")
+        if not p.stem.startswith("_") and p.stem not in registry.NOT_PATCHES
+    )
+    assert sorted(registry.modules()) == public and len(public) >= len(MINE)
+    declared = registry.declarations()
+    patches = registry.all_patches()
+    assert [d.name for d in declared] == [p.name for p in patches] == vip.patch_names()
+    for d, p in zip(declared, patches, strict=True):
+        assert {"name", "order"} <= set(vars(type(p))), d.module
+        for attr in registry.DECLARED:  # the source's literals are the object's attributes
+            assert getattr(d, attr) == getattr(p, attr), (d.module, attr)
+    orders = [d.order for d in declared]
+    assert orders == sorted(orders) and len(set(orders)) == len(orders), orders
+    assert registry.PATCH_MODULES == registry.modules()
+
+
+@pytest.mark.parametrize(
+    "body,error",
+    [
+        ('    name = "x"\n', "X declares no order"),
+        ("    order = 1\n", "X declares no name"),
+        ('    name = "x"\n    order = 1\n    tested = ">=" + "0.1"\n', "X.tested is not a literal"),
+    ],
+)
+def test_a_declaration_the_registry_cannot_read_is_an_error(tmp_path, body, error):
+    module = tmp_path / "some_patch.py"
+    module.write_text(f"class X(Patch):\n{body}\n\nPATCH = X()\n")
+    with pytest.raises(ValueError, match=f"some_patch.py: {error}"):
+        registry.read_declarations(module)
+    module.write_text("PATCH = make()\n")
+    with pytest.raises(ValueError, match="not an instance of a class defined in its module"):
+        registry.read_declarations(module)
+    module.write_text("HELPER = 1\n")
+    assert registry.read_declarations(module) is None
 
 
 def test_every_patch_has_its_row_in_the_readme_and_docs():

@@ -5,31 +5,25 @@ INTEL_VLLM_PATCHES_UNTESTED=1. Process-lifecycle patches apply anyway (their rea
 from __future__ import annotations
 
 import importlib
+import json
 import logging
 import os
+import pathlib
 
 import pytest
 from _patchtest import run_json, run_py
-from packaging.specifiers import SpecifierSet
 from test_framework import Fake
 
 import vllm_intel.patches as vip
+from tests.harness import ROOT
+from tests.harness.patch_states import exercised, expected_state, range_disagreements
 from vllm_intel.patches import _base, registry
 
-LIFECYCLE = {"fast-exit", "engine-parent-watch"}
+LIFECYCLE = {p.name for p in vip.declarations() if p.lifecycle}
 KNOWN = ("0.24.0", "0.27.1", "0.32.0", "0.33.0", "0.34.0")  # the releases the project follows
-# What the suite runs each patch on (see each patch's tests): the ranges must cover exactly these.
-EXERCISED = {
-    "cpu-accelerator-api": ("0.27.1", "0.32.0"),
-    "cpu-accelerator-noops": ("0.27.1", "0.32.0"),
-    "xpu-shutdown": ("0.24.0", "0.27.1", "0.32.0"),  # 0.24.0: the real sources, simulated XPU
-    "drain-deadline": ("0.27.1", "0.32.0"),
-    "fast-exit": ("0.27.1", "0.32.0"),
-    "cpu-aot-compile": ("0.27.1", "0.32.0", "0.33.0", "0.34.0"),  # 0.33/0.34: sdist sources
-    "shm-busy-sleep": ("0.27.1", "0.32.0", "0.33.0", "0.34.0"),
-    "engine-parent-watch": ("0.27.1", "0.32.0"),
-    "cpu-amx-tiles": ("0.27.1", "0.32.0"),
-}
+# What the suite runs each patch on is what its test files observe (their EXERCISES), not a
+# list kept here: the ranges must cover exactly these.
+EXERCISED = exercised(pathlib.Path(__file__).parent)
 
 
 @pytest.fixture
@@ -158,15 +152,43 @@ def test_apply_all_passes_the_opt_in(ranged):
 
 
 def test_every_patch_declares_the_releases_its_tests_run():
-    for mod in registry.PATCH_MODULES:
+    # exactly the followed releases the suite runs it on, and no EXERCISES of a patch that is gone
+    assert range_disagreements(registry.all_patches(), EXERCISED, KNOWN) == []
+    for mod in registry.modules():
         module = importlib.import_module(f"vllm_intel.patches.{mod}")
         p = module.PATCH
-        spec = SpecifierSet(p.tested)  # a valid PEP 440 specifier
-        # exactly the followed releases the suite runs it on
-        assert {v for v in KNOWN if spec.contains(v)} == set(EXERCISED[p.name]), p.name
-        assert p.name in EXERCISED
         assert f"``{p.tested}``" in module.__doc__, (mod, "docstring names the range")
-        assert p.lifecycle == (p.name in LIFECYCLE), p.name
+        # the docstring says it is a lifecycle patch exactly when it declares it
+        assert ("(``lifecycle``)" in module.__doc__) == p.lifecycle, (mod, "docstring: lifecycle")
+
+
+def test_a_range_and_the_tests_that_disagree_are_reported():
+    p = Fake("demo")
+    p.tested = ">=0.27.1,<=0.32.0"
+    assert range_disagreements([p], {"demo": {"0.27.1", "0.32.0"}}, KNOWN) == []
+    assert range_disagreements([p], {"demo": {"0.32.0"}}, KNOWN) == [
+        "demo: tested '>=0.27.1,<=0.32.0' holds ['0.27.1', '0.32.0'], its tests run ['0.32.0']"
+    ]
+    assert range_disagreements([p], {"demo": {"0.27.1", "0.32.0"}, "gone": {"0.32.0"}}, KNOWN) == [
+        "gone: in an EXERCISES, not a patch"
+    ]
+    assert range_disagreements([p], {}, KNOWN)[0].endswith("its tests run []")
+
+
+VERDICTS = json.loads((ROOT / "docs" / "patch-verdicts.json").read_text())
+
+
+@pytest.mark.parametrize("release", VERDICTS["releases"])
+def test_the_declarations_predict_the_recorded_verdicts(release):
+    """docs/patch-verdicts.json: each patch's check() on the release's source, on a CPU host where
+    every condition holds. What ``fixed_in``, ``platform``, ``tested`` and ``lifecycle`` predict
+    is what was found; outside a range tested code decides (applied or untested)."""
+    recorded = VERDICTS["verdicts"][release]
+    assert set(recorded) == set(vip.patch_names())
+    for p in vip.declarations():
+        state = recorded[p.name][0]
+        predicted = expected_state(p, release, "cpu", decided=True)
+        assert state in ((predicted,) if predicted else ("applied", "untested")), (p.name, state)
 
 
 def test_version_is_the_imported_vllms(default_python, old_xpu_vllm_source, tmp_path):

@@ -1,5 +1,6 @@
 """The code's shape, checked: no import cycle among the project's modules (function-local imports
-included: they only hide a cycle), and no function in the supervisor longer than a screen."""
+included: they only hide a cycle), no function in the supervisor longer than a screen, and the
+supervisor reaching the patch plugin through its public names only."""
 
 from __future__ import annotations
 
@@ -84,3 +85,72 @@ def test_no_function_in_the_package_is_longer_than_a_screen():
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines})")
     assert long == [], long
+
+
+PLUGIN = "vllm_intel.patches"
+
+
+def plugin_uses(path: pathlib.Path) -> list[str]:
+    """What a module takes from the patch plugin: ``vllm_intel.patches.<name>`` for each import
+    of or from it, each attribute of a name bound to the package, and each string naming one."""
+    tree = ast.parse(path.read_text())
+    aliases, used = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == PLUGIN or a.name.startswith(PLUGIN + "."):
+                    used.append(a.name)
+                    aliases.add(a.asname or "")  # `import vllm_intel.patches` binds vllm_intel
+        elif isinstance(node, ast.ImportFrom):
+            # relative to vllm_intel.supervisor: `from .. import patches` is vllm_intel's
+            base = ".".join(["vllm_intel", "supervisor"][: 3 - node.level] if node.level else [])
+            module = ".".join(filter(None, [base, node.module]))
+            if module == "vllm_intel":
+                aliases.update(a.asname or a.name for a in node.names if a.name == "patches")
+            elif module == PLUGIN or module.startswith(PLUGIN + "."):
+                used += [f"{module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used += [w for w in node.value.split() if w.startswith(PLUGIN + ".")]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and getattr(node.value, "id", None) in aliases - {""}:
+            used.append(f"{PLUGIN}.{node.attr}")
+    return used
+
+
+def private_uses(path: pathlib.Path) -> list[str]:
+    import vllm_intel.patches as plugin
+
+    public = {PLUGIN, *(f"{PLUGIN}.{name}" for name in plugin.__all__)}
+    return [f"{path.name}: {name}" for name in plugin_uses(path) if name not in public]
+
+
+def test_the_supervisor_uses_only_the_plugins_public_names():
+    """vllm_intel.patches' __all__ is what the supervisor may use: not its modules (registry, a
+    patch's module, _base), which change with the patches."""
+    paths = sorted((ROOT / "vllm_intel" / "supervisor").glob("*.py"))
+    assert [u for p in paths for u in private_uses(p)] == []
+    assert any(plugin_uses(p) for p in paths)  # the check reads what the supervisor imports
+
+
+def test_a_private_use_of_the_plugin_is_found(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from vllm_intel.patches import registry, patch_names\n"
+        "from vllm_intel.patches._base import vllm_version\n"
+        "import vllm_intel.patches.shm_busy_sleep\n"
+        "from vllm_intel import patches as plugin\n"
+        "plugin.main([]); plugin.registry.all_patches()\n"
+        "importlib.import_module('vllm_intel.patches.fast_exit')\n"
+        "from ..patches import declarations, _base\n"
+        "from .. import patches as mine\n"
+        "mine.apply_all(); mine.tested_code\n"
+    )
+    assert sorted(private_uses(module)) == [
+        "m.py: vllm_intel.patches._base",
+        "m.py: vllm_intel.patches._base.vllm_version",
+        "m.py: vllm_intel.patches.fast_exit",
+        "m.py: vllm_intel.patches.registry",
+        "m.py: vllm_intel.patches.registry",
+        "m.py: vllm_intel.patches.shm_busy_sleep",
+        "m.py: vllm_intel.patches.tested_code",
+    ]

@@ -3,8 +3,9 @@ build step on a CPU agent) and what needs one (marker `xpu`, Buildkite's GPU ste
 
 Both run in the image's `test` target (`docker run vllm-intel:xpu-X-test -m xpu_image`); on any
 other machine they are deselected (`xpu_image`: not an XPU image) or skipped with the reason
-(`xpu`: no /dev/dri). Their expectations come from docker/xpu-releases.toml and are tested here
-without the image (test_expected_states_*), so a wrong expectation fails on every CI run.
+(`xpu`: no /dev/dri). Their expectations come from docker/xpu-releases.toml and the XPU patches'
+declarations, and are tested here without the image (test_expected_states_*), so a wrong
+expectation fails on every CI run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import tempfile
 import pytest
 
 from tests.harness import ROOT, Server, free_port
+from tests.harness.patch_states import expected_state
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import xpu_recipe  # noqa: E402
@@ -37,8 +39,6 @@ def _vllm_built_for_xpu() -> bool:
 # things checked (a missing vllm_xpu_kernels must fail or show as a stand-in, never skip all).
 IN_XPU_IMAGE = os.environ.get("VLLM_TARGET_DEVICE") == "xpu" and _vllm_built_for_xpu()
 HAS_GPU = any(pathlib.Path("/dev/dri").glob("renderD*"))
-# Releases that carry vLLM PR #46433 (XPU shutdown); before it the patch applies on a real XPU.
-FIRST_WITH_XPU_SHUTDOWN = (0, 25)
 
 in_image = pytest.mark.skipif(
     not IN_XPU_IMAGE,
@@ -56,13 +56,24 @@ def installed_vllm() -> str:
     return md.version("vllm").split("+")[0]
 
 
+def xpu_patches() -> list:
+    """The declarations of the patches of XPU code (``platform = "xpu"``)."""
+    from vllm_intel.patches import declarations
+
+    return [p for p in declarations() if p.platform == "xpu"]
+
+
 def expected_patch_states(version: str, on_xpu: bool) -> dict[str, str]:
-    """What `entrypoint.py patches` must print for the XPU patch in an XPU image of `version`."""
-    major_minor = tuple(int(x) for x in version.split(".")[:2])
-    if major_minor >= FIRST_WITH_XPU_SHUTDOWN:
-        return {"xpu-shutdown": "upstream"}
-    # Without a GPU vLLM picks no XPU platform, so the patch stands aside; with one it applies.
-    return {"xpu-shutdown": "applied" if on_xpu else "not-applicable"}
+    """What `entrypoint.py patches` must print for the XPU patches in an XPU image of `version`,
+    from their declarations (upstream from ``fixed_in`` on); without a GPU vLLM picks no XPU
+    platform, so they stand aside."""
+    return {p.name: expected_state(p, version, "xpu" if on_xpu else None) for p in xpu_patches()}
+
+
+def carries_the_fix(version: str, name: str) -> bool:
+    """``version`` carries upstream's fix of the XPU patch ``name``, by its ``fixed_in``."""
+    patch = next(p for p in xpu_patches() if p.name == name)
+    return expected_state(patch, version, "xpu") == "upstream"
 
 
 @pytest.mark.parametrize(
@@ -76,7 +87,8 @@ def expected_patch_states(version: str, on_xpu: bool) -> dict[str, str]:
     ],
 )
 def test_expected_states_follow_the_upstream_fix(version, on_xpu, state):
-    assert expected_patch_states(version, on_xpu) == {"xpu-shutdown": state}
+    assert expected_patch_states(version, on_xpu)["xpu-shutdown"] == state
+    assert carries_the_fix(version, "xpu-shutdown") == (state == "upstream")
 
 
 def test_the_table_has_a_release_the_patch_applies_to():
@@ -184,7 +196,7 @@ def test_restart_on_the_same_device(patched):
     start hangs in oneCCL init (the first server's workers were killed holding Level Zero / oneCCL
     resources): reproduced here, bounded by START_S. With the patch the restart serves."""
     version = installed_vllm()
-    if tuple(map(int, version.split(".")[:2])) >= FIRST_WITH_XPU_SHUTDOWN and not patched:
+    if carries_the_fix(version, "xpu-shutdown") and not patched:
         pytest.skip(f"vLLM {version} carries the fix upstream: nothing to reproduce")
     start_s = float(os.environ.get("XPU_RESTART_START_S", "600"))
     env = {"INTEL_VLLM_PATCHES_DISABLE": "" if patched else "xpu-shutdown"}

@@ -168,9 +168,7 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
             return failed
         sup.watcher = run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim
         # A repo id with the hub on: vLLM downloads it while STARTING; say how far it got.
-        progress = hub.watch_download(
-            cfg.model, cfg.flags or [], lambda: sup.state == State.STARTING
-        )
+        progress = hub.watch_download(cfg, lambda: sup.state == State.STARTING)
         try:
             code = sup.run()
             if sup.metrics and cfg.metrics_linger and sup.drained_requests():
@@ -199,7 +197,7 @@ def serve_probes(
     sup, cfg: settings.ServeConfig, plan: Plan, port: int, swept: int, run_dir: pathlib.Path
 ) -> None:
     """The probe port: /ready, /live and the supervisor's /metrics, from one thread."""
-    from vllm_intel.patches._base import vllm_version  # reads vLLM's _version.py, no import
+    from vllm_intel.patches import vllm_version  # reads vLLM's _version.py, no import
 
     from . import probes
 
@@ -216,7 +214,7 @@ def serve_probes(
 
 def make_plan(cfg: settings.ServeConfig) -> Plan:
     """The plan for this run: its inputs read once (limits, workload), then the pure decision."""
-    work = workload.workload(cfg.flags or [], cfg.model, os.environ)
+    work = workload.workload(cfg.flags or [], cfg.model, os.environ, cfg.vargs)
     device = settings.device()
     libs = runtime.find() if device == "cpu" else runtime.Libraries()
     return make(limits.read_limits(), work, dict(os.environ), device, libs)

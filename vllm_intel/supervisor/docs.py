@@ -60,23 +60,51 @@ def usage() -> str:
     return f"```\n{reference.USAGE}\n```"
 
 
-def patch_table() -> str:
-    """Each patch's summary and verdict on every followed release (docs/patch-verdicts.json,
-    written by tools/upstream_release.py from the releases' sources)."""
+def _verdicts() -> dict:
+    """docs/patch-verdicts.json: the followed releases and each patch's verdict on each."""
     import json
 
-    from vllm_intel.patches import registry
+    return json.loads((pathlib.Path(__file__).parents[2] / "docs/patch-verdicts.json").read_text())
 
-    data = json.loads((pathlib.Path(__file__).parents[2] / "docs/patch-verdicts.json").read_text())
+
+def patch_table() -> str:
+    """Each patch's summary and verdict on every followed release (docs/patch-verdicts.json,
+    written by tools/upstream_release.py from the releases' sources; a patch it does not hold yet
+    shows "not recorded")."""
+    from vllm_intel.patches import declarations
+
+    data = _verdicts()
     releases = data["releases"]
     rows = [
         f"| `{p.name}` | {p.summary} | "
-        + " | ".join(data["verdicts"][v][p.name][0] for v in releases)
+        + " | ".join(data["verdicts"][v].get(p.name, ["not recorded"])[0] for v in releases)
         + " |"
-        for p in registry.all_patches()
+        for p in declarations()
     ]
     head = "| patch | fixes | " + " | ".join(releases) + " |"
     return "\n".join([head, "|---|---|" + "---|" * len(releases), *rows])
+
+
+def patch_declarations_table() -> str:
+    """What each patch declares (patches/_base.py), with the followed releases in its range."""
+    from packaging.specifiers import SpecifierSet
+
+    from vllm_intel.patches import declarations
+
+    releases = _verdicts()["releases"]
+    rows = []
+    for p in declarations():
+        runs_on = [v for v in releases if SpecifierSet(p.tested).contains(v)]
+        upstream = p.upstream or "none"
+        rows.append(
+            f"| `{p.name}` | `patches/{p.module}.py` | {p.order} | `{p.tested}`"
+            + (" (lifecycle)" if p.lifecycle else "")
+            + f" | {', '.join(runs_on)} | {upstream}"
+            + (f"; in vLLM >= {p.fixed_in}" if p.fixed_in else "")
+            + f" | {p.platform or 'any'} | {p.condition or '-'} |"
+        )
+    head = "| patch | module | order | tested | followed releases in it | upstream | platform | also decided by |"
+    return "\n".join([head, "|---|---|---|---|---|---|---|---|", *rows])
 
 
 def metrics_table() -> str:
@@ -88,6 +116,7 @@ def metrics_table() -> str:
 
 BLOCKS = {
     "patches": patch_table,
+    "patch-declarations": patch_declarations_table,
     "metrics": metrics_table,
     "usage": usage,
     "settings": settings_table,

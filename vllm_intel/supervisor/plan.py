@@ -222,7 +222,7 @@ def plan(
         return Plan(limits, work, device, mode)
     yours = {k: env[k] for k in PLANNED if env.get(k)}
     if SPIN in yours:
-        from vllm_intel.patches.shm_busy_sleep import busy_sleep_s
+        from vllm_intel.patches import busy_sleep_s
 
         try:
             busy_sleep_s(env)

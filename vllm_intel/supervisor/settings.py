@@ -6,7 +6,6 @@ vLLM reads them). Every refusal is a ConfigError: one line, exit 64.
 from __future__ import annotations
 
 import os
-import pathlib
 import re
 import sys
 from dataclasses import dataclass
@@ -105,37 +104,21 @@ def probe_port(env=os.environ, vllm_port: int | None = None) -> int | None:
 
 
 def patch_names() -> list[str]:
-    """The names of the patches in patches/registry.py's PATCH_MODULES, read from
-    their sources (`name = "..."` in the Patch class): importing them would import torch."""
-    import ast
+    """The patches' names, in apply order, read from their modules' sources: importing the
+    patches would import torch."""
+    from vllm_intel.patches import patch_names
 
-    from vllm_intel.patches import registry
-
-    names = []
-    for module in registry.PATCH_MODULES:
-        tree = ast.parse((pathlib.Path(registry.__file__).parent / f"{module}.py").read_text())
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ClassDef) and any(
-                getattr(b, "id", None) == "Patch" for b in node.bases
-            ):
-                for item in node.body:
-                    if (
-                        isinstance(item, ast.Assign)
-                        and [getattr(t, "id", None) for t in item.targets] == ["name"]
-                        and isinstance(item.value, ast.Constant)
-                    ):
-                        names.append(item.value.value)
-    return names
+    return patch_names()
 
 
 def check_patches(env=os.environ) -> None:
     """INTEL_VLLM_PATCHES / INTEL_VLLM_PATCHES_DISABLE name known patches. Raises ConfigError:
     vLLM's plugin would only log the unknown names once the model is loading."""
-    from vllm_intel.patches import registry
+    from vllm_intel.patches import named_in
 
     known = patch_names()
-    for var in (registry.ALLOW_ENV, registry.DENY_ENV):
-        unknown = [n for n in registry._names(env.get(var)) or [] if n not in known]
+    for var, names in named_in(env).items():
+        unknown = [n for n in names if n not in known]
         if unknown:
             raise ConfigError(
                 f"{var}: unknown patch name(s) {shown(','.join(unknown), 80, quote=False)}; "
@@ -155,6 +138,7 @@ class ServeConfig:
     count_requests: bool = True  # vLLM exports its vllm:* metrics (no --disable-log-stats)
     host: str | None = None  # vLLM's --host (None: every interface)
     metrics_linger: int = 0  # seconds the probe port's /metrics stays up after vLLM's exit
+    vargs: VllmArgs | None = None  # the vLLM settings, resolved once from the flags as given
 
     def __post_init__(self):
         self.url = self.url or f"http://127.0.0.1:{self.port}"
@@ -280,6 +264,7 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
         metrics_linger=parse_seconds(
             "INTEL_VLLM_METRICS_LINGER_S", env.get("INTEL_VLLM_METRICS_LINGER_S") or "0", MARGIN_S
         ),
+        vargs=vargs,
     )
 
 
