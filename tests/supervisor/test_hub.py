@@ -170,7 +170,7 @@ def test_serve_logs_download_progress_only_for_a_repo_id_online(tmp_path, monkey
 
     def watch(args, env):
         cfg = settings.serve_config(args, env)
-        return hub.watch_download(cfg.model, cfg.flags or [], lambda: True, env)
+        return hub.watch_download(cfg, lambda: True, env)
 
     assert watch(["org/name", "--port", "8123"], on)
     assert watch(["--model", "org/name"], on)
@@ -233,3 +233,27 @@ def test_prefetch_takes_the_servers_arguments(tmp_path, tiny_model):
     snap = hub.repo_dir(into, "org/name") / "snapshots" / REVISION
     assert (snap / "config.json").read_bytes() == (tiny_model / "config.json").read_bytes()
     assert not (tmp_path / "home" / "hub").exists()  # not the default cache
+
+
+def test_serve_resolves_its_vllm_flags_once(tmp_path, monkeypatch):
+    """The settings, the CPU plan's workload and the download logger all read the one resolution
+    serve_config made (a --config file is read once, by vLLM's rules)."""
+    from vllm_intel.supervisor import cli, vllm_args, workload
+
+    calls = []
+
+    def counted(args):
+        calls.append(list(args))
+        return vllm_args.resolve(args)
+
+    for module in (settings, workload, hub):
+        monkeypatch.setattr(module, "resolve", counted)
+    monkeypatch.setattr(hub.ProgressLogger, "start", lambda self: None)
+    config = tmp_path / "serve.yaml"
+    config.write_text("model: org/from-file\ntensor-parallel-size: 2\n")
+    env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0"}
+    cfg = settings.serve_config(["--config", str(config), "--port", "8123"], env)
+    monkeypatch.setattr(os, "environ", env)  # make_plan reads the process's environment
+    assert cli.make_plan(cfg).work.tp == 2
+    assert hub.watch_download(cfg, lambda: True, env).repo == "org/from-file"
+    assert calls == [["--config", str(config), "--port", "8123"]]

@@ -113,14 +113,14 @@ class ProgressLogger(threading.Thread):
         self.stopped.set()
 
 
-def watch_download(model: str | None, flags: list[str], active, env=os.environ):
+def watch_download(cfg, active, env=os.environ):
     """Start logging the download of what `vllm serve` will fetch, if it fetches anything.
-    model, flags: ServeConfig's (the model as vLLM resolves it: positional, --model or the
-    --config file's). Returns the ProgressLogger, or None."""
-    repo = repo_id(model)
+    cfg: the ServeConfig (its model as vLLM resolves it: positional, --model or the --config
+    file's; its resolved vLLM settings). Returns the ProgressLogger, or None."""
+    repo = repo_id(cfg.model)
     if repo is None or not online(env):
         return None
-    cache = serve_cache(resolve(flags), env)
+    cache = serve_cache(cfg.vargs or resolve(cfg.flags or []), env)
     t = ProgressLogger(cache, repo, active)
     t.start()
     return t

@@ -17,7 +17,7 @@ from .context import Context, context
 from .errors import ConfigError, parse_whole, shown
 from .limits import GiB, MiB
 from .paths import path_exists, user_path
-from .vllm_args import resolve
+from .vllm_args import VllmArgs, resolve
 
 # vLLM's shared memory (vllm/distributed/device_communicators/shm_broadcast.py,
 # vllm/v1/executor/multiproc_executor.py, identical in 0.27.1 and 0.32.0): the executor's
@@ -48,9 +48,12 @@ class Workload:
         return self.tp * self.pp
 
 
-def workload(flags: list[str], model: str | None, env=os.environ) -> Workload:
-    """Read once: it may read a --config file and walk the model directory."""
-    found = resolve(flags)  # once: a --config file is read here
+def workload(
+    flags: list[str], model: str | None, env=os.environ, found: VllmArgs | None = None
+) -> Workload:
+    """Read once: it may walk the model directory. found: the flags' vLLM settings, resolved
+    (ServeConfig.vargs); else resolved here, which may read a --config file."""
+    found = found or resolve(flags)
     tp, pp = _sizes(found)
     shm = sum(size for _, size in _segments(flags, tp, pp, env))
     local = model_dir(model)  # once: the weights and the context read the same directory
