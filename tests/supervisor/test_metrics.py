@@ -56,6 +56,15 @@ def test_every_documented_metric_is_exposed_and_every_exposed_one_documented(tmp
     assert documented - exposed <= elsewhere, documented - exposed
 
 
+def test_every_gauge_is_an_attribute_of_its_name(tmp_path):
+    """GAUGES names the gauges; each is an attribute the loop sets, and in the registry."""
+    metrics = m.Metrics(tmp_path)
+    names = {f.name for f in metrics.registry.collect()}
+    for attr, (name, _) in m.GAUGES.items():
+        assert getattr(metrics, attr)._name == name, attr
+        assert name in names, name
+
+
 @pytest.mark.parametrize(
     "escalated, aborted, was_serving, outcome",
     [

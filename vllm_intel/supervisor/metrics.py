@@ -189,8 +189,16 @@ class Metrics:
             states=[s.value for s in State],
             registry=r,
         )
-        for attr, (name, doc) in GAUGES.items():
-            setattr(self, attr, Gauge(name, doc, registry=r))
+
+        def gauge(attr: str) -> Gauge:
+            return Gauge(*GAUGES[attr], registry=r)
+
+        self.ready_s, self.window_s = gauge("ready_s"), gauge("window_s")
+        self.in_flight, self.finished = gauge("in_flight"), gauge("finished")
+        self.aborted, self.forecast_s = gauge("aborted"), gauge("forecast_s")
+        self.forecast_cut, self.drain_s = gauge("forecast_cut"), gauge("drain_s")
+        self.omp_threads, self.kv_bytes = gauge("omp_threads"), gauge("kv_bytes")
+        self.quota = gauge("quota")
         self.drains = Counter(
             "vllm_intel_drains", "Stops, by how they ended", ["outcome"], registry=r
         )
