@@ -16,9 +16,8 @@ the run. The load alternates between them round by round (rotating the order), s
 drift hits all alike, and while one arm is measured the others are paused (an idle server still
 polls, on this 2-CPU machine beside the measured arm: a one-CPU cpuset arm used 0.7-0.8 of its CPU
 next to two idle servers, all of it with them paused). Per round and arm: one 2048-token stream,
-then 8 concurrent 1024-token streams, one `curl` process each (common.curl_batch), 4-6 s each (at
-512 / 256 tokens a measurement lasted about 1 s and the rounds spread 1414-2713 tokens/s at 8
-streams, 2026-12-01); tokens/s (client side), the container's CPU time per generated token and per
+then 8 concurrent 1024-token streams, one `curl` process each (common.curl_batch), 4-6 s each (a
+measurement of about 1 s spreads too widely from round to round to resolve a goal); tokens/s (client side), the container's CPU time per generated token and per
 second of the round (cgroup v2 `cpu.stat` usage_usec or v1 `cpuacct.usage`, read on the host: every
 process in the container), and the share of CFS periods in which the quota ran out. Ratios per
 round: quota+plan / cpuset (goal >= 0.95) and quota+plan / quota-plan (goal >= 1: the plan is never
@@ -57,7 +56,7 @@ from .dockerutil import IMAGE, docker, engine
 # Every arm gets the same memory limit: the plan sizes the KV cache from it (4 GiB -> 1 GiB).
 # The plan-off arm is vLLM's thread choice with the same 1 GiB KV cache: with nothing set, vLLM
 # reserves 92 % of the node's memory (--gpu-memory-utilization) and cannot start next to another
-# server (seen: "Available memory on node 0 (18.15/21.84 GiB) ... is less than desired").
+# server ("Available memory on node 0 ... is less than desired").
 COMMON = ["--shm-size", "1g"]
 TINY_MEMORY = "4g"
 ARMS = {
@@ -244,8 +243,8 @@ def alone(arm: Arm, arms: list[Arm]):
 
 
 def pause(name: str, attempts: int = 5) -> None:
-    """`docker pause`, again when the freezer could not stop every task at once (seen once in 14
-    rounds x 12 pauses, 2026-12-01 21:05; the CLI's reason is logged)."""
+    """`docker pause`, again when the freezer could not stop every task at once (it happens, rarely;
+    the CLI's reason is logged)."""
     for k in range(attempts):
         cp = docker("pause", name, check=False)
         if cp.returncode == 0:
@@ -261,9 +260,8 @@ def run(
     """`arms`: comma-separated kinds of ARMS to run (default DEFAULT_ARMS); the rows compare the
     pairs that ran. `starts`: the arms are started this many times (fresh containers, the start
     order rotated), the rounds split between the starts: what differs from one container to the
-    next (the same cpuset arm served 178 tokens/s in one start, 236 in the next) then varies
-    inside the run instead of fixing the whole run's ratio (run medians moved by more than their
-    intervals with one start, 2026-12-02). `shape`: a real shape instead of the built-in model."""
+    next (up to a third of an arm's speed) then varies inside the run and widens its interval,
+    instead of fixing the whole run's ratio. `shape`: a real shape instead of the built-in model."""
     kinds = [k.strip() for k in arms.split(",")] if arms else DEFAULT_ARMS
     if unknown := [k for k in kinds if k not in ARMS]:
         raise ValueError(f"unknown limits arm(s) {unknown}; choose from {', '.join(ARMS)}")

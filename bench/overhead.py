@@ -33,7 +33,7 @@ def own_part(pid: int) -> dict:
 
 def warm_up() -> None:
     """One start of each, not counted: the first start after an install or a build reads the
-    venv from disk (seen: 94 s against 28-35 s for the next ones), which only one variant pays."""
+    venv from disk (about 3x a later start), which only one variant pays."""
     for kind in ("ours", "bare"):
         s, t_ready = launch(kind, ["--enforce-eager"], name=f"overhead-{kind}-warm-up")
         stop(s)

@@ -18,8 +18,8 @@
   others are stopped (SIGSTOP of every process of theirs): an idle server still polls, on this
   2-CPU machine beside the measured one. One warm-up request each first. Clients are separate
   processes on purpose: with the streams read by threads of the bench's own interpreter, spinning
-  vLLM served 3500-4500 tokens/s in 7 of 8 rounds, with curl 820-900 in 7 of 8 (2026-12-01):
-  which process shares a CPU with the spinning reader decides, and a user's clients are other
+  vLLM served 4-5x what it serves to curl clients: which process shares a CPU with the spinning
+  reader decides, and a user's clients are other
   processes.
 - the plugin's own code on the hot path (bench/hotpath.py, not the servers): added ns per engine-loop
   check and per SSE event, patched vs vLLM's code, alternated; per token at most one of each,
