@@ -18,6 +18,7 @@ import yaml
 
 from tests.deploy.manifests import dockerfile_env
 from tests.harness import (
+    ALL_CPU_RELEASES,
     DEFAULT_VLLM,
     OLD_VLLM,
     ROOT,
@@ -42,7 +43,16 @@ HF_HOME = dockerfile_env("cpu")["HF_HOME"]
 BUILTIN_MODEL = dockerfile_env("cpu")["INTEL_VLLM_MODEL"]
 
 
-@pytest.fixture(scope="module", params=[DEFAULT_VLLM, OLD_VLLM])
+OLD_RELEASE = pytest.param(
+    OLD_VLLM,
+    marks=pytest.mark.skipif(
+        not ALL_CPU_RELEASES,
+        reason=f"the lifecycle on {OLD_VLLM} repeats {DEFAULT_VLLM}'s: INTEL_VLLM_CPU_RELEASES=all",
+    ),
+)
+
+
+@pytest.fixture(scope="module", params=[DEFAULT_VLLM, OLD_RELEASE])
 def stack(request, cpu_image, compose_project):
     version = request.param
     c = compose_project(cpu_image(version), drain=DRAIN)

@@ -26,6 +26,11 @@ from vllm_intel.supervisor import janitor
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DEFAULT_VLLM = (ROOT / "VLLM_VERSION").read_text().strip()
 OLD_VLLM = "0.27.1"  # the oldest release we test that still lacks the CPU no-op fix
+# The CPU image's compose lifecycle on OLD_VLLM repeats DEFAULT_VLLM's on another release; every
+# run shows the patches' states on OLD_VLLM in real `vllm serve` processes
+# (tests/patches/test_serve.py). It runs with INTEL_VLLM_CPU_RELEASES=all, as Buildkite's
+# scheduled builds do (.buildkite/steps/cpu.sh).
+ALL_CPU_RELEASES = os.environ.get("INTEL_VLLM_CPU_RELEASES") == "all"
 
 # What every local vllm serve of the tiny model needs on these CPU-only, offline machines.
 SERVE_ENV = {
