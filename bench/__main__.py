@@ -176,6 +176,14 @@ def parser() -> argparse.ArgumentParser:
         "all; ours and upstream always run): fewer arms for a shape whose memory limits do not "
         "fit the host four times",
     )
+    p.add_argument(
+        "--runtime-starts",
+        type=int,
+        default=1,
+        help="section runtime: start the arms this many times per shape and setting (fresh "
+        "containers and compile caches, the start order rotated), the rounds split between the "
+        "starts (default 1)",
+    )
     return p
 
 
@@ -192,6 +200,7 @@ def section_options(name: str, args: argparse.Namespace) -> dict:
             "shapes": args.runtime_shapes,
             "quota": args.runtime_quota,
             "arms": args.runtime_arms,
+            "starts": args.runtime_starts,
         },
     }.get(name, {})
 

@@ -225,6 +225,18 @@ class Arm(limits.Arm):
         got["throttled"] = round((p1[1] - p0[1]) / max(1, p1[0] - p0[0]), 3)
         return got
 
+    def figures(self) -> dict:
+        """What the rows report of this start beside the rounds."""
+        return {
+            "ready_s": self.ready_s,
+            "peak_mib": self.peak_mib(),
+            "memory_mib": self.memory_split_mib(),
+            "mapped": self.libs,
+            "plan": self.plan,
+            "compile_cache": self.cache,
+            "warm_up_prompt_tokens": self.warm_up_prompt_tokens,
+        }
+
     def running(self) -> bool:
         out = docker("inspect", "-f", "{{.State.Running}}", self.name, check=False)
         return out.stdout.strip() == "true"
@@ -236,11 +248,15 @@ def run(
     shapes: str | None = None,
     quota: str | None = None,
     arms: str | None = None,
+    starts: int = 1,
 ) -> list[Row]:
     """`shapes`: comma-separated shapes of tools/build_model.py (default SHAPES; --quick:
     SHAPES_QUICK). `quota`: both, off (noquota only) or on (quota only); default both, --quick
-    off. `arms`: comma-separated arm kinds (default all KINDS; ours and upstream always run)."""
+    off. `arms`: comma-separated arm kinds (default all KINDS; ours and upstream always run).
+    `starts`: the arms are started this many times per shape and setting (measure)."""
     chosen, cpu, kinds = shape_list(shapes, quick), settings(quota, quick), arm_list(arms)
+    if starts < 1:
+        raise ValueError(f"--runtime-starts must be at least 1, not {starts}")
     host, why = engine()
     if host is None:
         return [Row(SECTION, "CPU runtime, ours vs upstream's", note=f"not measured: {why}")]
@@ -261,7 +277,7 @@ def run(
             for i, setting in enumerate(cpu):
                 t0 = time.monotonic()
                 try:
-                    got = measure(shape, setting, what, caches, n_rounds, kinds)
+                    got = measure(shape, setting, what, caches, n_rounds, kinds, starts)
                 except Exception as e:  # one broken setting must not cost the others' rows
                     log(f"runtime {shape} {setting}: {type(e).__name__}: {e}")
                     why = f"{type(e).__name__}: {e}".splitlines()[0][:300]
@@ -295,49 +311,71 @@ def with_headroom(what: limits.Served) -> limits.Served:
 
 
 def measure(
-    shape: str, setting: str, what: limits.Served, caches: dict, n_rounds: int, kinds=KINDS
+    shape: str,
+    setting: str,
+    what: limits.Served,
+    caches: dict,
+    n_rounds: int,
+    kinds=KINDS,
+    starts: int = 1,
 ) -> dict:
-    """The arms started one after the other, then n_rounds rounds of every load."""
+    """The arms started one after the other, then rounds of every load: n_rounds in all, split
+    between `starts` starts of fresh containers (the start order rotated), so that what differs
+    from one container start to the next (a start can be slow for its whole life) varies inside
+    the intervals instead of fixing the run's ratio."""
     loads = load_tokens(shape, setting)
-    names = [*loads, PREFILL]
-    got: dict = {(kind, load): [] for kind in kinds for load in names}
-    out: dict = {"shape": shape, "setting": setting, "loads": loads, "rounds": n_rounds}
-    out["kinds"] = list(kinds)
-    arms: list[Arm] = []
-    try:
-        for kind in kinds:
-            arms.append(Arm(kind, setting, what, str(caches[kind])))  # removed below if it fails
-            arms[-1].start()
-        for k in range(n_rounds):
-            turn = arms[k % len(arms) :] + arms[: k % len(arms)]
-            for load in names:
-                n, tokens = loads[load] if load in loads else (PREFILL_STREAMS, 1)
-                prompts = long_prompts(n, f"r{k:03d}") if load == PREFILL else None
-                for a in turn:
-                    with limits.alone(a, arms):
-                        m = a.load(n, tokens, prompts)
-                    log(f"runtime {shape} {setting} round {k}: {a.kind}, {load}: {m}")
-                    if not m["ok"] and not a.running():
-                        raise RuntimeError(f"{a.kind} exited:\n{a.logs()[-2000:]}")
-                    got[(a.kind, load)].append(m)
-        for a in arms:
-            out[a.kind] = {
-                "ready_s": a.ready_s,
-                "peak_mib": a.peak_mib(),
-                "memory_mib": a.memory_split_mib(),
-                "mapped": a.libs,
-                "plan": a.plan,
-                "compile_cache": a.cache,
-                "warm_up_prompt_tokens": a.warm_up_prompt_tokens,
-            }
-    finally:
-        for a in arms:
-            a.remove(keep_log=RESULTS / "logs" / f"runtime-{a.name}-{shape}-{setting}.log")
-            shutil.rmtree(a.tmp, ignore_errors=True)
+    per_start = -(-n_rounds // starts)
+    got: dict = {(kind, load): [] for kind in kinds for load in [*loads, PREFILL]}
+    out: dict = {"shape": shape, "setting": setting, "loads": loads, "rounds": per_start * starts}
+    out["kinds"], out["starts"] = list(kinds), []
+    for s in range(starts):
+        order = [*kinds[s % len(kinds) :], *kinds[: s % len(kinds)]]
+        arms: list[Arm] = []
+        try:
+            for kind in order:
+                cache = start_cache(caches, kind, s, starts)
+                arms.append(Arm(kind, setting, what, str(cache)))  # removed below if it fails
+                arms[-1].start()
+            for k in range(s * per_start, (s + 1) * per_start):
+                measure_round(f"runtime {shape} {setting}", loads, arms, k, got)
+            out["starts"].append({a.kind: a.figures() for a in arms})
+        finally:
+            for a in arms:
+                log_file = f"runtime-{a.name}-{shape}-{setting}-start{s}.log"
+                a.remove(keep_log=RESULTS / "logs" / log_file)
+                shutil.rmtree(a.tmp, ignore_errors=True)
+        out.update(out["starts"][-1])  # each kind's figures of its last start: the rows'
     out.update({f"{kind} {load}": v for (kind, load), v in got.items()})
     record(f"runtime {shape} {setting}", out)
     out["got"] = got
     return out
+
+
+def start_cache(caches: dict, kind: str, start: int, starts: int) -> pathlib.Path:
+    """The arm's compile cache for one start: its kind's cache for the run, or with several
+    starts a fresh one per start (what a start compiles is part of what differs between starts)."""
+    if starts == 1:
+        return caches[kind]
+    path = caches[kind] / f"start-{start}"
+    path.mkdir(exist_ok=True)
+    path.chmod(0o777)  # the image's user (uid 10001) writes there
+    return path
+
+
+def measure_round(label: str, loads: dict, arms: list, k: int, got: dict) -> None:
+    """Round k: every load on every arm (the order rotated by k, the others paused), appended to
+    got[(kind, load)]."""
+    turn = arms[k % len(arms) :] + arms[: k % len(arms)]
+    for load in [*loads, PREFILL]:
+        n, tokens = loads[load] if load in loads else (PREFILL_STREAMS, 1)
+        prompts = long_prompts(n, f"r{k:03d}") if load == PREFILL else None
+        for a in turn:
+            with limits.alone(a, arms):
+                m = a.load(n, tokens, prompts)
+            log(f"{label} round {k}: {a.kind}, {load}: {m}")
+            if not m["ok"] and not a.running():
+                raise RuntimeError(f"{a.kind} exited:\n{a.logs()[-2000:]}")
+            got[(a.kind, load)].append(m)
 
 
 def _values(runs: list[dict], key: str) -> list:

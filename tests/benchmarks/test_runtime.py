@@ -3,6 +3,7 @@ section's options, and common.curl_batch's prompts (against a stand-in server)."
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -97,12 +98,17 @@ def test_options_reach_the_section():
     assert "runtime" in SECTIONS
     args = parser().parse_args(
         ["--only", "runtime", "--runtime-quota", "on", "--runtime-shapes", "llama-3.2-1b"]
-        + ["--runtime-arms", "bare"]
+        + ["--runtime-arms", "bare", "--runtime-starts", "3"]
     )
-    want = {"shapes": "llama-3.2-1b", "quota": "on", "arms": "bare"}
+    want = {"shapes": "llama-3.2-1b", "quota": "on", "arms": "bare", "starts": 3}
     assert section_options("runtime", args) == want
     defaults = parser().parse_args([])
-    assert section_options("runtime", defaults) == {"shapes": None, "quota": None, "arms": None}
+    assert section_options("runtime", defaults) == {
+        "shapes": None,
+        "quota": None,
+        "arms": None,
+        "starts": 1,
+    }
     with pytest.raises(SystemExit):
         parser().parse_args(["--runtime-quota", "sometimes"])
 
@@ -231,3 +237,65 @@ def test_every_arm_gets_the_same_headroom_above_the_plans_edge():
     )
     args = runtime.with_headroom(what).docker_args
     assert args == ("-v", "a:b", "--memory", "5941m", "--memory-swap", "5941m")
+
+
+class FakeArm:
+    """runtime.Arm's interface without Docker: each container start is a new object, its speed
+    its start's (so a slow start shows in its rounds only)."""
+
+    made: list = []
+
+    def __init__(self, kind, setting, what, cache_dir):
+        self.kind, self.cache_dir, self.name, self.tmp = (
+            kind,
+            cache_dir,
+            f"fake-{kind}",
+            "/nonexistent",
+        )
+        self.start_no = sum(a.kind == kind for a in FakeArm.made)
+        FakeArm.made.append(self)
+
+    def start(self):
+        self.started = True
+
+    def load(self, n, tokens, prompts=None):
+        speed = 10.0 * (self.start_no + 1)
+        return {"ok": True, "tok_s": speed, "prompt_tok_s": speed, "cpu_ms": 1.0, "throttled": 0.0}
+
+    def figures(self):
+        return {"ready_s": 1.0, "start": self.start_no, "cache": self.cache_dir}
+
+    def running(self):
+        return True
+
+    def remove(self, keep_log=None):
+        self.removed = True
+
+
+def test_starts_split_the_rounds_between_fresh_containers_and_caches(monkeypatch, tmp_path):
+    FakeArm.made = []
+    monkeypatch.setattr(runtime, "Arm", FakeArm)
+    monkeypatch.setattr(runtime.limits, "alone", lambda *a: contextlib.nullcontext())
+    monkeypatch.setattr(runtime, "record", lambda *a: None)
+    monkeypatch.setattr(runtime, "log", lambda *a: None)
+    caches = {kind: tmp_path / kind for kind in runtime.KINDS}
+    for path in caches.values():
+        path.mkdir()
+    kinds = ("upstream", "ours")
+    got = runtime.measure("qwen2.5-0.5b", "noquota", WHAT, caches, 5, kinds, starts=3)
+    assert got["rounds"] == 6  # 5 rounded up to 2 per start
+    assert [(a.kind, a.start_no) for a in FakeArm.made] == [
+        ("upstream", 0), ("ours", 0), ("ours", 1), ("upstream", 1), ("upstream", 2), ("ours", 2),
+    ]  # fmt: skip
+    assert all(a.removed for a in FakeArm.made)
+    # a fresh compile cache per start, under the kind's
+    assert {a.cache_dir for a in FakeArm.made if a.kind == "ours"} == {
+        str(caches["ours"] / f"start-{s}") for s in range(3)
+    }
+    # each start's rounds in order, the kinds paired round by round
+    speeds = [m["tok_s"] for m in got["got"][("ours", "1 stream")]]
+    assert speeds == [10.0, 10.0, 20.0, 20.0, 30.0, 30.0]
+    assert len(got["got"][("upstream", runtime.PREFILL)]) == 6
+    assert got["ours"]["start"] == 2 and [s["ours"]["start"] for s in got["starts"]] == [0, 1, 2]
+    with pytest.raises(ValueError, match="--runtime-starts"):
+        runtime.run(1, False, starts=0)
