@@ -113,12 +113,6 @@ def modules() -> list[str]:
     return [d.module for d in declarations()]
 
 
-def __getattr__(name: str):
-    if name == "PATCH_MODULES":  # derived: the modules found, in apply order
-        return modules()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 ALLOW_ENV = "INTEL_VLLM_PATCHES"
 DENY_ENV = "INTEL_VLLM_PATCHES_DISABLE"
 STRICT_ENV = "INTEL_VLLM_PATCHES_STRICT"

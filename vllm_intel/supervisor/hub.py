@@ -120,7 +120,7 @@ def watch_download(cfg, active, env=os.environ):
     repo = repo_id(cfg.model)
     if repo is None or not online(env):
         return None
-    cache = serve_cache(cfg.vargs or resolve(cfg.flags or []), env)
+    cache = serve_cache(cfg.vargs, env)
     t = ProgressLogger(cache, repo, active)
     t.start()
     return t
