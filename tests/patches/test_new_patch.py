@@ -66,13 +66,22 @@ import vllm_intel.patches as plugin
 from vllm_intel.patches import registry
 from vllm_intel.supervisor import docs, settings
 
+def refused(name):
+    try:
+        settings.check_patches({"INTEL_VLLM_PATCHES": name})  # the supervisor's check of names
+    except Exception:
+        return True
+    return False
+
+
 root = pathlib.Path.cwd()
 test = runpy.run_path(str(root / "tests/patches/test_noop_demo.py"))
 test["test_applies_and_reverts"]()
 print(json.dumps({
     "files": [m.__file__ for m in (plugin, registry, docs, settings)],
     "modules": registry.modules(),
-    "names": settings.patch_names(),
+    "names": plugin.patch_names(),
+    "refused": [n for n in ("noop-demo", "no-such-patch") if refused(n)],
     "declarations": [dataclasses.asdict(d) for d in plugin.declarations()],
     "readme": docs.render((root / "README.md").read_text()),
     "page": docs.render((root / "docs/patches.md").read_text()),
@@ -142,6 +151,7 @@ def test_a_new_patch_is_its_module_and_its_test(tmp_path):
     modules, names = [d.module for d in real], [d.name for d in real]
     assert got["modules"] == [*modules[:at], "noop_demo", *modules[at:]]
     assert got["names"] == [*names[:at], "noop-demo", *names[at:]]
+    assert got["refused"] == ["no-such-patch"]  # the supervisor's check knows the new name
     # in the README's verdict table (none recorded yet) and in docs/patches.md's declarations
     summary = "nothing: the trivial patch of test_new_patch.py"
     releases = json.loads((ROOT / "docs" / "patch-verdicts.json").read_text())["releases"]

@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 
@@ -16,6 +17,7 @@ from tests.harness import ROOT
 from tests.harness.fakehub import FakeHub
 from tests.harness.models import REVISION, hub_layout
 from vllm_intel.supervisor import errors, hub, settings
+from vllm_intel.supervisor.state import State
 
 
 def test_cache_dir_follows_huggingface_hub(tmp_path):
@@ -98,26 +100,47 @@ def test_progress_counts_complete_and_partial_blobs(tmp_path, tiny_model):
     assert hub.progress(cache, "org/absent") == (0, 0, 0)
 
 
-def test_progress_logger_logs_only_while_active_and_growing(tmp_path, monkeypatch, capfd):
+def test_progress_is_logged_while_starting_and_growing_once_per_period(
+    tmp_path, monkeypatch, capfd
+):
+    """serve's download progress: a look from the loop's tick every PROGRESS_S while vLLM is
+    STARTING, a line only when the bytes changed; prefetch's thread does the same looks."""
     monkeypatch.setattr(hub, "PROGRESS_S", 0.05)
     cache, repo = tmp_path / "hub", "org/name"
     blobs = hub.repo_dir(cache, repo) / "blobs"
     blobs.mkdir(parents=True)
     partial = blobs / "f.incomplete"
     partial.write_bytes(b"")
-    active = [True]
-    t = hub.ProgressLogger(cache, repo, lambda: active[0])
-    t.start()
+    sup = types.SimpleNamespace(state=State.STARTING)
+    ext = hub.DownloadProgress(cache, repo)
+    ext.on_spawn(sup)
+
+    def ticks(seconds):  # the loop's turns, faster than PROGRESS_S
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            ext.on_tick(sup)
+            time.sleep(0.005)
+
+    def logged():
+        return [line for line in capfd.readouterr().err.splitlines() if "downloading" in line]
+
     for size in (10_000, 20_000):  # a download that grows
-        time.sleep(0.2)
         partial.write_bytes(b"x" * size)
+        ticks(0.2)
+    lines = logged()
+    assert len(lines) == 2 and "20.0 kB" in lines[-1], lines  # one line per change, not per tick
+    sup.state = State.SERVING  # the supervisor left STARTING: no more looks
+    partial.write_bytes(b"x" * 30_000)
+    ticks(0.2)
+    assert logged() == []
+
+    t = hub.ProgressLogger(cache, repo)
+    t.start()
+    partial.write_bytes(b"x" * 40_000)
     time.sleep(0.2)
-    active[0] = False  # e.g. the supervisor left STARTING
+    t.stop()
     t.join(timeout=2)
-    assert not t.is_alive()
-    lines = [line for line in capfd.readouterr().err.splitlines() if "downloading" in line]
-    assert any("20.0 kB" in line for line in lines), lines
-    assert len(lines) <= 3, lines  # one line per change, not one per tick
+    assert not t.is_alive() and any("40.0 kB" in line for line in logged())
 
 
 def entrypoint(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -154,36 +177,26 @@ def test_prefetch_bad_input_and_unreachable_hub(tmp_path):
     assert "Traceback" not in r.stderr and time.monotonic() - t0 < 30
 
 
-def test_serve_logs_download_progress_only_for_a_repo_id_online(tmp_path, monkeypatch):
+def test_serve_logs_download_progress_only_for_a_repo_id_online(tmp_path):
     """serve's wiring: the model and flags as serve_config resolves them (a --config file's model
     included) decide whether a progress logger runs, and where it looks."""
-    started = []
-
-    class Recorded(hub.ProgressLogger):  # the real logger, with its thread not started
-        def start(self):
-            started.append((self.cache, self.repo))
-
-    monkeypatch.setattr(hub, "ProgressLogger", Recorded)
     on = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0"}
     config = tmp_path / "serve.yaml"
     config.write_text("model: org/from-file\n")
 
     def watch(args, env):
-        cfg = settings.serve_config(args, env)
-        return hub.watch_download(cfg, lambda: True, env)
+        progress = hub.download_progress(settings.serve_config(args, env), env)
+        return progress and (progress.cache, progress.repo)
 
-    assert watch(["org/name", "--port", "8123"], on)
-    assert watch(["--model", "org/name"], on)
-    assert watch(["--config", str(config)], on)
-    assert watch(["org/name", "--download-dir", str(tmp_path / "d")], on)
-    assert not watch([str(tmp_path)], on)  # a local directory
-    assert not watch(["org/name"], {**on, "HF_HUB_OFFLINE": "1"})
-    assert started == [
-        (tmp_path / "hub", "org/name"),
-        (tmp_path / "hub", "org/name"),
-        (tmp_path / "hub", "org/from-file"),
-        (tmp_path / "d", "org/name"),
-    ]
+    assert watch(["org/name", "--port", "8123"], on) == (tmp_path / "hub", "org/name")
+    assert watch(["--model", "org/name"], on) == (tmp_path / "hub", "org/name")
+    assert watch(["--config", str(config)], on) == (tmp_path / "hub", "org/from-file")
+    assert watch(["org/name", "--download-dir", str(tmp_path / "d")], on) == (
+        tmp_path / "d",
+        "org/name",
+    )
+    assert watch([str(tmp_path)], on) is None  # a local directory
+    assert watch(["org/name"], {**on, "HF_HUB_OFFLINE": "1"}) is None
 
 
 def test_prefetch_downloads_what_vllm_reads_from_a_hub(tmp_path, tiny_model):
@@ -248,12 +261,11 @@ def test_serve_resolves_its_vllm_flags_once(tmp_path, monkeypatch):
 
     for module in (settings, workload, hub):
         monkeypatch.setattr(module, "resolve", counted)
-    monkeypatch.setattr(hub.ProgressLogger, "start", lambda self: None)
     config = tmp_path / "serve.yaml"
     config.write_text("model: org/from-file\ntensor-parallel-size: 2\n")
     env = {"HF_HOME": str(tmp_path), "HF_HUB_OFFLINE": "0"}
     cfg = settings.serve_config(["--config", str(config), "--port", "8123"], env)
     monkeypatch.setattr(os, "environ", env)  # make_plan reads the process's environment
     assert cli.make_plan(cfg).work.tp == 2
-    assert hub.watch_download(cfg, lambda: True, env).repo == "org/from-file"
+    assert hub.download_progress(cfg, env).repo == "org/from-file"
     assert calls == [["--config", str(config), "--port", "8123"]]

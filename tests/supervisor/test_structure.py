@@ -87,6 +87,23 @@ def test_no_function_in_the_package_is_longer_than_a_screen():
     assert long == [], long
 
 
+# What runs beside the loop reaches it through extension.Extension only (docs/CONVENTIONS.md).
+EXTENSIONS = {"metrics", "relay", "hub", "cli"}
+
+
+def test_the_loop_imports_no_extension():
+    """The core (loop.py) knows the Extension interface, not the parts that implement it: each
+    of them can be left out without touching the loop."""
+    graph = {name: imports_of(name, path) for name, path in MODULES.items()}
+    reached, todo = set(), ["vllm_intel.supervisor.loop"]
+    while todo:  # every module the loop imports, directly or through another
+        for nxt in graph[todo.pop()] - reached:
+            reached.add(nxt)
+            todo.append(nxt)
+    found = {m.rpartition(".")[2] for m in reached} & EXTENSIONS
+    assert "vllm_intel.supervisor.extension" in reached and found == set(), found
+
+
 PLUGIN = "vllm_intel.patches"
 
 

@@ -257,7 +257,7 @@ def test_drain_env_only_when_no_value_anywhere(tmp_path):
     cfg = settings.serve_config(
         [str(tmp_path), "--config", c], env={"INTEL_VLLM_DRAIN_TIMEOUT": "7"}
     )
-    assert cfg.drain == 7 and cfg.argv[-2:] == ["--shutdown-timeout", "7"]
+    assert cfg.drain == 7 and list(cfg.argv[-2:]) == ["--shutdown-timeout", "7"]
 
 
 def test_xpu_minimum_wins_over_the_config_file(tmp_path):
@@ -267,17 +267,18 @@ def test_xpu_minimum_wins_over_the_config_file(tmp_path):
     )
     assert cfg.drain == timing.XPU_MIN_DRAIN_S and "raised" in cfg.notes[-1]
     # appended last on the command line: it beats the file and every earlier flag
-    assert cfg.argv[-2:] == ["--shutdown-timeout", str(timing.XPU_MIN_DRAIN_S)]
+    assert list(cfg.argv[-2:]) == ["--shutdown-timeout", str(timing.XPU_MIN_DRAIN_S)]
     assert "--shutdown-timeout=2" not in cfg.argv
     assert (
-        resolve(cfg.argv[cfg.argv.index("serve") + 1 :]).shutdown_timeout == timing.XPU_MIN_DRAIN_S
+        resolve(list(cfg.argv[cfg.argv.index("serve") + 1 :])).shutdown_timeout
+        == timing.XPU_MIN_DRAIN_S
     )
 
 
 def test_model_in_config_gets_no_builtin_model(tmp_path):
     c = config(tmp_path, f"model: {tmp_path}\n")
     cfg = settings.serve_config(["--config", c], env={"INTEL_VLLM_MODEL": "/builtin"})
-    assert cfg.argv[cfg.argv.index("serve") + 1 :] == [
+    assert list(cfg.argv[cfg.argv.index("serve") + 1 :]) == [
         "--config",
         c,
         "--shutdown-timeout",

@@ -18,7 +18,6 @@ from .log import json_mode, log, record, write_lines
 from .plan import Plan
 from .plan import plan as make
 from .signals import check_stop
-from .state import State
 
 
 def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> dict[str, str]:
@@ -126,25 +125,23 @@ def start(args: list[str]) -> int:
         log(note)
     check_stop("the plan")
     # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
-    from .loop import Supervisor
+    from . import loop  # noqa: F401  (imported here, so the stop check below covers it)
 
     check_stop("the imports")
-    metrics = None
-    if probe_port is not None:
-        from .metrics import Metrics
-
-        metrics = Metrics()
-    sup = Supervisor(cfg, state_path, metrics)
-    try:
-        return supervise(sup, cfg, plan, probe_port)
-    finally:
-        sup.remove_state()
+    return supervise(cfg, plan, state_path, probe_port)
 
 
-def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None) -> int:
+def supervise(
+    cfg: settings.ServeConfig,
+    plan: Plan,
+    state_path: pathlib.Path,
+    probe_port: int | None,
+) -> int:
     """The run itself, in its run directory, from the preflight checks to vLLM's exit."""
     from . import hub, janitor
     from .loop import Supervisor
+    from .relay import Relay
+    from .reports import RunReports
 
     tmp = pathlib.Path(tempfile.gettempdir())
     with janitor.run_dir(tmp, paths.shm_dir()) as run:
@@ -154,54 +151,42 @@ def supervise(sup, cfg: settings.ServeConfig, plan: Plan, probe_port: int | None
         settings.check_port(cfg.host, cfg.port)
         log(plan.line(), event="plan")
         env = child_env(run.path, plan.env)
-        sup.reports.dir = run.path
         log(compile_cache_line(env), event="compile-cache")
-        Supervisor.block_signals()
+        reports = RunReports(run.path)  # what vLLM's processes report as they start
+        # Beside the loop (extension.py), in this order: the probe port's /metrics; what vLLM
+        # maps in shm becomes this run's claim; with JSON logs, the relay of vLLM's output; with
+        # a repo id and the hub on, its download's progress.
+        metrics = None
         if probe_port is not None:
-            serve_probes(sup, cfg, plan, probe_port, run.swept, run.path)
-        check_stop("the preflight checks")  # the last: a stop from here on is the loop's
-        relay = start_relay() if json_mode() else None
-        failed = sup.spawn(env, relay.child_fds() if relay else None)
-        if relay:
-            relay.spawned()
-        if failed is not None:
-            return failed
-        sup.watcher = run.watch(sup.child.pid)  # what vLLM maps in shm becomes this run's claim
-        # A repo id with the hub on: vLLM downloads it while STARTING; say how far it got.
-        progress = hub.watch_download(cfg, lambda: sup.state == State.STARTING)
+            from .metrics import Metrics
+
+            metrics = Metrics(reports=reports, linger_s=cfg.metrics_linger)
+        relay = Relay() if json_mode() else None
+        parts = (metrics, run, relay, hub.download_progress(cfg))
+        sup = Supervisor(cfg, state_path, [e for e in parts if e is not None], reports)
         try:
-            code = sup.run()
-            if sup.metrics and cfg.metrics_linger and sup.drained_requests():
-                sup.linger(sup.time_left(cfg.metrics_linger))  # the outcome, for a last scrape
+            Supervisor.block_signals()
+            if probe_port is not None:
+                serve_probes(sup, metrics, cfg, plan, probe_port, run.swept)
+            check_stop("the preflight checks")  # the last: a stop from here on is the loop's
             if relay:
-                relay.join(sup.time_left(RELAY_FLUSH_S))  # vLLM's last lines; no writer is left
+                relay.start()
+            failed = sup.spawn(env, relay.child_fds() if relay else None)
+            if failed is not None:
+                return failed
+            code = sup.run()
+            sup.exit_extensions()
             return code
         finally:
-            if progress:
-                progress.stop()
+            sup.remove_state()
 
 
-RELAY_FLUSH_S = 2.0
-
-
-def start_relay():
-    """INTEL_VLLM_LOG_FORMAT=json: the thread that turns vLLM's output into JSON lines."""
-    from .relay import Relay
-
-    relay = Relay()
-    relay.start()
-    return relay
-
-
-def serve_probes(
-    sup, cfg: settings.ServeConfig, plan: Plan, port: int, swept: int, run_dir: pathlib.Path
-) -> None:
+def serve_probes(sup, m, cfg: settings.ServeConfig, plan: Plan, port: int, swept: int) -> None:
     """The probe port: /ready, /live and the supervisor's /metrics, from one thread."""
     from vllm_intel.patches import vllm_version  # reads vLLM's _version.py, no import
 
     from . import probes
 
-    m = sup.metrics
     m.info.info({"device": plan.device, "vllm": vllm_version() or "none"})
     m.plan(plan)
     m.swept.inc(swept)
@@ -214,7 +199,7 @@ def serve_probes(
 
 def make_plan(cfg: settings.ServeConfig) -> Plan:
     """The plan for this run: its inputs read once (limits, workload), then the pure decision."""
-    work = workload.workload(cfg.flags or [], cfg.model, os.environ, cfg.vargs)
+    work = workload.workload(list(cfg.flags), cfg.model, os.environ, cfg.vargs)
     device = settings.device()
     libs = runtime.find() if device == "cpu" else runtime.Libraries()
     return make(limits.read_limits(), work, dict(os.environ), device, libs)

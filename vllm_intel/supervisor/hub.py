@@ -1,5 +1,5 @@
 """A model from a Hugging Face hub: where its cache is, `entrypoint.py prefetch`, and the download
-progress the supervisor logs while vLLM is still STARTING.
+progress the supervisor logs while vLLM is still STARTING (an extension of the loop).
 
 Only huggingface_hub's public API and its documented cache layout
 (HF_HUB_CACHE/models--ORG--NAME/{blobs,snapshots,refs}); a download in progress is a blob named
@@ -16,7 +16,9 @@ import time
 
 from . import errors, paths
 from .errors import Exit
+from .extension import Extension
 from .log import log
+from .state import State
 from .vllm_args import VllmArgs, resolve
 
 PROGRESS_S = 10  # how often the download progress is logged
@@ -92,38 +94,64 @@ def progress_line(cache: pathlib.Path, repo: str, total: int | None = None) -> s
     )
 
 
-class ProgressLogger(threading.Thread):
-    """Logs progress_line every PROGRESS_S while `active()` holds and the bytes change: a
-    directory listing every 10 s, nothing when the model is local or the hub is off."""
+class Progress:
+    """Logs progress_line when the bytes of `repo`'s download into `cache` changed since the last
+    look: one directory listing a look, nothing when nothing changed."""
 
-    def __init__(self, cache: pathlib.Path, repo: str, active, total: int | None = None):
+    def __init__(self, cache: pathlib.Path, repo: str, total: int | None = None):
+        self.cache, self.repo, self.total = cache, repo, total
+        self.last = progress(cache, repo)
+
+    def look(self) -> None:
+        now = progress(self.cache, self.repo)
+        if now != self.last:
+            log(progress_line(self.cache, self.repo, self.total))
+            self.last = now
+
+
+class ProgressLogger(threading.Thread):
+    """prefetch's: a look every PROGRESS_S while the download runs in the caller's thread."""
+
+    def __init__(self, cache: pathlib.Path, repo: str, total: int | None = None):
         super().__init__(name="hub-progress", daemon=True)
-        self.cache, self.repo, self.active, self.total = cache, repo, active, total
+        self.progress = Progress(cache, repo, total)
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        last = progress(self.cache, self.repo)
-        while not self.stopped.wait(PROGRESS_S) and self.active():
-            now = progress(self.cache, self.repo)
-            if now != last:
-                log(progress_line(self.cache, self.repo, self.total))
-                last = now
+        while not self.stopped.wait(PROGRESS_S):
+            self.progress.look()
 
     def stop(self) -> None:
         self.stopped.set()
 
 
-def watch_download(cfg, active, env=os.environ):
-    """Start logging the download of what `vllm serve` will fetch, if it fetches anything.
-    cfg: the ServeConfig (its model as vLLM resolves it: positional, --model or the --config
-    file's; its resolved vLLM settings). Returns the ProgressLogger, or None."""
+class DownloadProgress(Extension):
+    """serve's: while vLLM is STARTING (and downloads `repo` into `cache`), a look every
+    PROGRESS_S from the loop's tick; no thread."""
+
+    def __init__(self, cache: pathlib.Path, repo: str):
+        self.cache, self.repo = cache, repo
+        self.progress: Progress | None = None
+        self.next_at = 0.0
+
+    def on_spawn(self, sup) -> None:
+        self.progress = Progress(self.cache, self.repo)
+        self.next_at = time.monotonic() + PROGRESS_S
+
+    def on_tick(self, sup) -> None:
+        if self.progress and sup.state == State.STARTING and time.monotonic() >= self.next_at:
+            self.next_at = time.monotonic() + PROGRESS_S
+            self.progress.look()
+
+
+def download_progress(cfg, env=os.environ) -> DownloadProgress | None:
+    """The progress of what `vllm serve` will fetch, if it fetches anything. cfg: the ServeConfig
+    (its model as vLLM resolves it: positional, --model or the --config file's; its resolved vLLM
+    settings). None: a local model or the hub off."""
     repo = repo_id(cfg.model)
     if repo is None or not online(env):
         return None
-    cache = serve_cache(cfg.vargs, env)
-    t = ProgressLogger(cache, repo, active)
-    t.start()
-    return t
+    return DownloadProgress(serve_cache(cfg.vargs, env), repo)
 
 
 def choose_files(names: list[str]) -> list[str]:
@@ -185,7 +213,7 @@ def prefetch(args: list[str], env=os.environ) -> int:
             f"{human(total)}, {human(todo)} to download into {cache}"
         )
         t0 = time.monotonic()
-        logger = ProgressLogger(cache, repo, lambda: True, total)
+        logger = ProgressLogger(cache, repo, total)
         logger.start()
         try:
             path = snapshot_download(repo, revision=revision, cache_dir=cache, allow_patterns=files)

@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterable
 import psutil
 
 from .errors import load_json
+from .extension import Extension
 from .log import log
 from .paths import RUN_DIR_PREFIX
 from .timing import TICK_S
@@ -531,9 +532,9 @@ def _empty_dir(fd: int, where: str, dev: int, mounts: set[str]) -> bool:
 
 
 @dataclasses.dataclass
-class Run:
-    """What `run_dir` yields: the directory for vLLM's TMPDIR, and `watch(pid)` to start
-    recording what vLLM's processes map."""
+class Run(Extension):
+    """What `run_dir` yields: the directory for vLLM's TMPDIR; beside the loop, the record of
+    what vLLM's processes map in shm (its claim)."""
 
     path: pathlib.Path
     claim: Claim | None  # None without a shm_dir (nothing there to claim)
@@ -541,11 +542,13 @@ class Run:
     watcher: Watcher | None = None
     swept: int = 0  # dead runs' entries the sweep before this run removed
 
-    def watch(self, pid: int) -> Watcher | None:
-        """The watcher of `pid`'s tree, for the loop to tick (None: no shm directory)."""
+    def on_spawn(self, sup) -> None:
         if self.claim is not None:
-            self.watcher = Watcher(self.claim, self.shm_dir, pid)
-        return self.watcher
+            self.watcher = Watcher(self.claim, self.shm_dir, sup.child.pid)
+
+    def on_tick(self, sup) -> None:
+        if self.watcher is not None:
+            self.watcher.tick()  # a few stat()s; the maps only while new entries appear
 
 
 @contextlib.contextmanager

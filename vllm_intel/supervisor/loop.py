@@ -14,10 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 
 from .. import drain_forecast
 from . import errors, janitor, settings, timing
 from .errors import Exit
+from .extension import Extension
 from .log import log, lost_lines
 from .observe import Observer
 from .reports import RunReports, phases_text
@@ -152,7 +154,13 @@ def popen_exec(
 
 
 class Supervisor:
-    def __init__(self, cfg: settings.ServeConfig, state_path: pathlib.Path, metrics=None):
+    def __init__(
+        self,
+        cfg: settings.ServeConfig,
+        state_path: pathlib.Path,
+        extensions: Sequence[Extension] = (),
+        reports: RunReports | None = None,
+    ):
         self.argv, self.port, self.drain, self.url = cfg.argv, cfg.port, cfg.drain, cfg.url
         self.state_path = state_path
         self.state_written: tuple[int, int, int] | None = None  # our last write
@@ -170,10 +178,8 @@ class Supervisor:
         self.group_term_at: float | None = None  # a stop while starting: the group's SIGTERM
         self.observer = Observer(self.url, cfg.count_requests)
         self.forecast_path: str | None = None  # where vLLM's API server writes the drain forecast
-        self.watcher: janitor.Watcher | None = None  # records what vLLM maps in shm (cli.py)
-        self.metrics = metrics  # metrics.Metrics, served on the probe port (None: not kept)
-        # What vLLM's processes report in the run directory (cli.py sets its dir).
-        self.reports = metrics.reports if metrics else RunReports()
+        self.extensions = tuple(extensions)  # what runs beside the loop (extension.py)
+        self.reports = reports or RunReports()  # what vLLM's processes report in the run dir
         self.forecast = None  # drain_forecast.Forecast, once vLLM's API server wrote it
 
     # -- set up ---------------------------------------------------------------------------
@@ -210,8 +216,8 @@ class Supervisor:
         self.state = state
         self.write_state()
         log(f"state {state.value}: {why}", event="state", state=state.value)
-        if self.metrics:
-            self.metrics.state.state(state.value)
+        for ext in self.extensions:
+            ext.on_state(self)
 
     # -- spawn ----------------------------------------------------------------------------
     def spawn(
@@ -231,6 +237,8 @@ class Supervisor:
             f"deadline {timing.deadline(self.drain)} s after SIGTERM",
         )
         self.observer.start()
+        for ext in self.extensions:
+            ext.on_spawn(self)
         return None
 
     # -- the loop: wait -> forward -> reap -> deadline ------------------------------------
@@ -242,16 +250,15 @@ class Supervisor:
             self.reap()
             self.check_deadline()
             self.check_ready()
-            if self.watcher is not None:
-                self.watcher.tick()  # a few stat()s; the maps only while new entries appear
-            if self.metrics and self.stop_requested_at is not None:
-                self.update_drain_metrics()
+            for ext in self.extensions:
+                ext.on_tick(self)
         return self.finish()
 
-    def update_drain_metrics(self) -> None:
+    def read_forecast(self):
+        """The drain forecast vLLM's API server wrote (drain_forecast.Forecast), once it exists."""
         if self.forecast is None and self.forecast_path:
             self.forecast = drain_forecast.read(self.forecast_path)
-        self.metrics.drain_progress(self.observer.at_drain, self.observer.last, self.forecast)
+        return self.forecast
 
     def on_signal(self, sig: int) -> None:
         if sig == signal.SIGCHLD:
@@ -275,8 +282,6 @@ class Supervisor:
         self.escalate_at = self.kill_at - KILL_GRACE_S
         self.exit_at = now + timing.exit_by(self.drain)
         self.was_serving = self.state == State.SERVING
-        if self.metrics:
-            self.metrics.window_s.set(self.drain)
         if self.state == State.STARTING:
             # Nothing was accepted yet, so nothing to drain; vLLM may not act on SIGTERM until
             # its engine is up (its API server waits for the engine core's handshake).
@@ -333,8 +338,6 @@ class Supervisor:
     def check_ready(self) -> None:
         if self.state == State.STARTING and self.observer.ready.is_set():
             took = time.monotonic() - self.started
-            if self.metrics:
-                self.metrics.ready_s.set(took)
             said = phases_text(self.reports.startup(), self.reports.graphs())
             self.set_state(State.SERVING, f"ready after {took:.1f} s{said}")
 
@@ -378,27 +381,14 @@ class Supervisor:
             self.wait_group(self.time_left(5))
         reap_all()
         log(self.summary(code), event="exit", code=int(code))
-        if self.metrics and self.stop_requested_at is not None:
-            self.record_outcome()
         return code
-
-    def record_outcome(self) -> None:
-        from .metrics import drain_outcome
-
-        self.update_drain_metrics()
-        last, first = self.observer.last, self.observer.at_drain
-        aborted = None if last is None or first is None else last["aborted"] - first["aborted"]
-        self.metrics.drain_s.set((self.exited_at or time.monotonic()) - self.stop_requested_at)
-        outcome = drain_outcome(
-            escalated=self.escalated, aborted=aborted, was_serving=self.was_serving
-        )
-        self.metrics.drains.labels(outcome).inc()
 
     def drained_requests(self) -> bool:
         """Requests were in flight when the stop came (an idle stop has nothing to report)."""
         first = self.observer.at_drain
         counted = first is not None and first["running"] + first["waiting"] > 0
-        return counted or bool(self.forecast and self.forecast.in_flight)
+        forecast = self.read_forecast()
+        return counted or bool(forecast and forecast.in_flight)
 
     def time_left(self, seconds: float) -> float:
         """`seconds`, cut to what is left before exit_at. Invariant: after a stop request every
@@ -408,9 +398,13 @@ class Supervisor:
             return seconds
         return max(min(seconds, self.exit_at - time.monotonic()), 0.0)
 
+    def exit_extensions(self) -> None:
+        for ext in self.extensions:
+            ext.on_exit(self)
+
     def linger(self, seconds: float) -> None:
-        """After vLLM's exit, keep the probe port's /metrics up `seconds` for a last scrape; a
-        signal ends it at once."""
+        """After vLLM's exit, wait `seconds` (an extension's last word, e.g. a last scrape of the
+        probe port's /metrics); a signal ends it at once."""
         end = time.monotonic() + seconds
         while (left := end - time.monotonic()) > 0:
             sig = wait_signal(_WATCHED_SET, left)

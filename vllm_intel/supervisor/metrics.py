@@ -2,7 +2,8 @@
 what operators need to see of a start and a stop, readable while vLLM drains or after it is gone
 (vLLM's own /metrics on its port has the requests, tokens and KV cache).
 
-Written by the loop's thread only; a scrape (the probe port's thread) reads them through
+An extension of the loop (extension.py): its hooks set the values from the loop's thread only; a
+scrape (the probe port's thread) reads them through
 prometheus_client's locks. Names follow Prometheus conventions: `vllm_intel_` prefix, base units
 (`_seconds`, `_bytes`), `_total` for counters. CPU throttling is read from the container's
 cgroup at each scrape (cpu.stat), nothing polled in between.
@@ -11,6 +12,7 @@ cgroup at each scrape (cpu.stat), nothing polled in between.
 from __future__ import annotations
 
 import pathlib
+import time
 
 from prometheus_client import (
     CollectorRegistry,
@@ -25,6 +27,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from . import limits
+from .extension import Extension
 from .reports import RunReports
 from .state import State
 
@@ -177,10 +180,14 @@ GAUGES = {
 }
 
 
-class Metrics:
+class Metrics(Extension):
     def __init__(
-        self, cgroup_root: pathlib.Path = limits.CGROUP_ROOT, reports: RunReports | None = None
+        self,
+        cgroup_root: pathlib.Path = limits.CGROUP_ROOT,
+        reports: RunReports | None = None,
+        linger_s: float = 0,  # after a drain of requests, /metrics stays up for a last scrape
     ):
+        self.linger_s = linger_s
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.info = Info("vllm_intel", "This supervisor and what it runs", registry=r)
         self.state = Enum(
@@ -220,6 +227,33 @@ class Metrics:
         self.omp_threads.set(p.omp_threads or 0)
         self.kv_bytes.set((p.kv_gib or 0) * limits.GiB)
         self.quota.set(p.limits.quota or 0)
+
+    # -- the loop's hooks (extension.py) ----------------------------------------------------
+    def on_state(self, sup) -> None:
+        self.state.state(sup.state.value)
+        if sup.state == State.SERVING:
+            self.ready_s.set(time.monotonic() - sup.started)
+        elif sup.state == State.DRAINING:
+            self.window_s.set(sup.drain)
+
+    def on_tick(self, sup) -> None:
+        if sup.stop_requested_at is not None:
+            self.drain_progress(sup.observer.at_drain, sup.observer.last, sup.read_forecast())
+
+    def on_exit(self, sup) -> None:
+        """The stop's outcome; then, if requests were drained, the linger for a last scrape."""
+        if sup.stop_requested_at is None:
+            return
+        self.on_tick(sup)
+        last, first = sup.observer.last, sup.observer.at_drain
+        aborted = None if last is None or first is None else last["aborted"] - first["aborted"]
+        self.drain_s.set((sup.exited_at or time.monotonic()) - sup.stop_requested_at)
+        outcome = drain_outcome(
+            escalated=sup.escalated, aborted=aborted, was_serving=sup.was_serving
+        )
+        self.drains.labels(outcome).inc()
+        if self.linger_s and sup.drained_requests():
+            sup.linger(sup.time_left(self.linger_s))
 
     def drain_progress(self, at_drain: dict | None, last: dict | None, forecast) -> None:
         """From the observer's first and last /metrics samples since the drain began, and the

@@ -16,9 +16,11 @@ import selectors
 import threading
 
 from .errors import load_json
+from .extension import Extension
 from .log import record, write_lines
 
 MAX_LINE = 1 << 16
+FLUSH_S = 2.0  # after vLLM's exit, how long its last lines may take to reach the log
 
 
 def as_json_line(raw: bytes, stream: str) -> bytes | None:
@@ -52,7 +54,7 @@ def split_lines(buffer: bytearray, data: bytes) -> list[bytes]:
         del buffer[: end + 1]
 
 
-class Relay(threading.Thread):
+class Relay(threading.Thread, Extension):
     def __init__(self) -> None:
         super().__init__(name="log-relay", daemon=True)
         self.out_r, self.out_w = os.pipe()
@@ -62,9 +64,12 @@ class Relay(threading.Thread):
         """vLLM's stdout and stderr; the supervisor closes its copies once vLLM has them."""
         return self.out_w, self.err_w
 
-    def spawned(self) -> None:
-        os.close(self.out_w)
+    def on_spawn(self, sup) -> None:
+        os.close(self.out_w)  # vLLM holds them now: EOF once every process of it is gone
         os.close(self.err_w)
+
+    def on_exit(self, sup) -> None:
+        self.join(sup.time_left(FLUSH_S))  # vLLM's last lines; no writer is left
 
     def run(self) -> None:
         sel = selectors.DefaultSelector()

@@ -23,8 +23,8 @@ class RunReports:
     MAX_FILES = 64  # a server has a handful of processes; more is not ours to read
     MAX_BYTES = 8192
 
-    def __init__(self) -> None:
-        self.dir: pathlib.Path | None = None  # the run directory, once there is one
+    def __init__(self, run_dir: pathlib.Path | None = None) -> None:
+        self.dir = run_dir  # None: no run directory yet
 
     def read(self, prefix: str, field: str, kind: type) -> list[dict]:
         """Every `<prefix>-*.json` holding {"process": str, field: {str: kind}}."""

@@ -103,18 +103,11 @@ def probe_port(env=os.environ, vllm_port: int | None = None) -> int | None:
     return port
 
 
-def patch_names() -> list[str]:
-    """The patches' names, in apply order, read from their modules' sources: importing the
-    patches would import torch."""
-    from vllm_intel.patches import patch_names
-
-    return patch_names()
-
-
 def check_patches(env=os.environ) -> None:
     """INTEL_VLLM_PATCHES / INTEL_VLLM_PATCHES_DISABLE name known patches. Raises ConfigError:
-    vLLM's plugin would only log the unknown names once the model is loading."""
-    from vllm_intel.patches import named_in
+    vLLM's plugin would only log the unknown names once the model is loading. The names are
+    read from the patches' sources: importing the patches would import torch."""
+    from vllm_intel.patches import named_in, patch_names
 
     known = patch_names()
     for var, names in named_in(env).items():
@@ -126,14 +119,16 @@ def check_patches(env=os.environ) -> None:
             )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServeConfig:
-    argv: list[str]
+    """`serve`'s inputs, parsed and checked once (serve_config), then only read."""
+
+    argv: tuple[str, ...]
     port: int
     drain: int
-    notes: list[str]
+    notes: tuple[str, ...]
     model: str | None = None  # positional, --model or the config file's (the CPU plan's weights)
-    flags: list[str] | None = None  # the vLLM flags as passed on
+    flags: tuple[str, ...] = ()  # the vLLM flags as passed on
     url: str = ""  # where the supervisor reads vLLM's /health and /metrics
     count_requests: bool = True  # vLLM exports its vllm:* metrics (no --disable-log-stats)
     host: str | None = None  # vLLM's --host (None: every interface)
@@ -141,7 +136,9 @@ class ServeConfig:
     vargs: VllmArgs | None = None  # the vLLM settings, resolved once from the flags as given
 
     def __post_init__(self):
-        self.url = self.url or f"http://127.0.0.1:{self.port}"
+        for name in ("argv", "notes", "flags"):  # sequences as given, kept as tuples
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "url", self.url or f"http://127.0.0.1:{self.port}")
 
 
 def poll_url(host: str | None, port: int, tls: bool) -> str:
