@@ -388,11 +388,23 @@ def _med(values: list) -> str:
     return f"{statistics.median(xs):.2f}" if xs else "-"
 
 
+def per_start(ours: list, alt: list, starts: int) -> str:
+    """The paired ratio's median within each start's rounds: with several starts, how far one
+    start's ratio strays from the next (the spread the intervals take in)."""
+    n = len(ours) // starts
+    medians = []
+    for s in range(starts):
+        ratios = pair_ratios(ours[s * n : (s + 1) * n], alt[s * n : (s + 1) * n])
+        medians.append(f"{statistics.median(ratios):.3f}" if ratios else "-")
+    return " / ".join(medians)
+
+
 def _rows(shape: str, setting: str, got: dict, what: limits.Served) -> list[Row]:
     rows = []
     label = f"{shape}, {setting}"
     per_round = got["got"]
     kinds = got.get("kinds", KINDS)
+    starts = max(len(got.get("starts", [])), 1)
     for load in [*got["loads"], PREFILL]:
         key, unit = (
             ("prompt_tok_s", "prompt tokens/s") if load == PREFILL else ("tok_s", "tokens/s")
@@ -431,6 +443,11 @@ def _rows(shape: str, setting: str, got: dict, what: limits.Served) -> list[Row]
                     else ""
                 )
                 + f"; {got['rounds']} rounds"
+                + (
+                    f"; ratio per start {per_start(value[ours], value[alt], starts)}"
+                    if starts > 1
+                    else ""
+                )
                 + (f"; failed measurements {failed}" if failed else "")
             )
             rows.append(

@@ -260,7 +260,8 @@ class FakeArm:
 
     def load(self, n, tokens, prompts=None):
         speed = 10.0 * (self.start_no + 1)
-        return {"ok": True, "tok_s": speed, "prompt_tok_s": speed, "cpu_ms": 1.0, "throttled": 0.0}
+        m = {"ok": True, "tok_s": speed, "prompt_tok_s": speed, "cpu_ms": 1.0, "throttled": 0.0}
+        return m | {"prompt_tokens": 2000}
 
     def figures(self):
         return {"ready_s": 1.0, "start": self.start_no, "cache": self.cache_dir}
@@ -297,5 +298,12 @@ def test_starts_split_the_rounds_between_fresh_containers_and_caches(monkeypatch
     assert speeds == [10.0, 10.0, 20.0, 20.0, 30.0, 30.0]
     assert len(got["got"][("upstream", runtime.PREFILL)]) == 6
     assert got["ours"]["start"] == 2 and [s["ours"]["start"] for s in got["starts"]] == [0, 1, 2]
+    # the rows say each start's ratio: starts 0, 1, 2 of ours against upstream's
+    arm = {"ready_s": 1.0, "peak_mib": 1, "memory_mib": {}, "mapped": "x", "plan": "plan: -"}
+    got.update({k: dict(arm, compile_cache=None) for k in kinds}, first_start=True)
+    what = runtime.limits.Served("/models/m", ("--memory", "5g"), (), {})
+    notes = [r.note for r in runtime._rows("qwen2.5-0.5b", "noquota", got, what)]
+    assert "ratio per start 1.000 / 1.000 / 1.000" in notes[0], notes[0]
+    assert runtime.per_start([1, 2, 6, 6], [2, 2, 3, 2], 2) == "0.750 / 2.500"
     with pytest.raises(ValueError, match="--runtime-starts"):
         runtime.run(1, False, starts=0)
