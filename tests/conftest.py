@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -20,6 +21,15 @@ from tests.harness import ROOT
 # The images set it (the test image too): every supervisor a test starts would bind the same port.
 # Tests that want the probe server set their own.
 os.environ.pop("INTEL_VLLM_PROBE_PORT", None)
+
+# A non-interactive shell starts a background job (`make test &`, `nohup ... &`) with SIGINT and
+# SIGQUIT ignored, and an ignored signal stays ignored in every child: the tests that send SIGINT
+# would see no Ctrl-C at all. What a terminal gives instead: Python's handler here (reset to the
+# default in each child at exec), the default action for SIGQUIT.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 @functools.cache

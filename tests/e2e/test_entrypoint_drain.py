@@ -200,5 +200,9 @@ def test_idle_sigterm_exits_fast(serve):
     assert_nothing_left(s)
     # `make run`'s start warns only as the image's does (this test's own --enforce-eager aside)
     assert "runtime: tcmalloc + Intel OpenMP;" in s.text(), s.tail()
-    unknown = undocumented_warnings(s.text(), also=("Enforce eager set",))
+    # The start's lines only: the stop's warnings are vLLM's shutdown log, checked by the drain
+    # tests (vLLM 0.32.0's process manager may report a force kill of an EngineCore whose
+    # teardown has already ended, under load: timing, not a lost request).
+    start = s.text().split("state DRAINING", 1)[0]
+    unknown = undocumented_warnings(start, also=("Enforce eager set",))
     assert not unknown, "\n".join(unknown)
