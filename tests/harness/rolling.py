@@ -29,16 +29,18 @@ BARE_FILE = ROOT / "bench" / "compose.bare-vllm.yaml"
 
 # The client load of the test and the bench: streams of 256 tokens (~1-3 s each on 2 idle cores),
 # 16-token completions, and long streams sized to last ~10 s at the rate the streams see (at most
-# LONG_MAX_TOKENS): the LB's drain step (LB_DRAIN_S) ends few long streams, so each replica's own
-# drain has work at its SIGTERM, which it must finish within DRAIN_S even when the replica
-# starting next to it slows generation down several times. Each client pauses `pause_s` between two
-# requests: saturating both cores made a restarted replica take 130-160 s to start instead of ~70.
+# LONG_MAX_TOKENS): on a slow host they outlast the LB's drain step (LB_DRAIN_S), and the drain
+# must finish them within DRAIN_S even when the replica starting next to it slows generation down
+# several times. Each client pauses `pause_s` between two requests: with 0.5 s the load kept both
+# cores busy and a restarted replica took 130-210 s to start (the imports of each of its three
+# processes ~30 s), with 2 s 55-75 s on the same host; the requests sent during the restart are
+# still in the hundreds.
 LOAD = dict(
     streams=2,
     shorts=2,
     longs=2,
     long_s=10,
-    pause_s=0.5,
+    pause_s=2,
     stream_tokens=256,
     short_tokens=16,
     max_requests=4000,
@@ -48,6 +50,15 @@ LOAD = dict(
 # the other replica carries all new load: down to ~8 tokens/s per stream on 2 busy cores
 # (docs/bench.md, the rolling section: the CI runs of 2026-12-02).
 LONG_MAX_TOKENS = 360
+# On a fast host the LB's DRAIN step can outlast every stream the LB sent (a clean clone: 360-token
+# streams of ~1.8 s, in flight at each SIGTERM [0, 0]), so each replica also gets witnesses: from
+# the moment rolling-restart.sh sets it to DRAIN until it prints its `docker stop`, a stream sent
+# straight to it every WITNESS_EVERY_S, each sized to last WITNESS_S at the rate the streams saw.
+# They overlap (a witness ran 0.6 to 2.6 times its size here), so one is in flight at the SIGTERM
+# whatever the length of the DRAIN step, and the last is sent before `docker stop` runs. At a
+# tenth of that rate a witness still ends well inside DRAIN_S.
+WITNESS_S = 3
+WITNESS_EVERY_S = 1
 DRAIN_S = timing.DEFAULT_DRAIN_S  # the product's: what a user's rollout drains with
 LB_DRAIN_S = 1  # HAProxy stops sending at once; the 5 s default stands for Kubernetes' preStop
 
@@ -119,17 +130,52 @@ class Deployment:
             raise RuntimeError(f"compose up failed:\n{r.stderr[-3000:]}\n{self.logs()[-4000:]}")
         return time.monotonic() - t
 
-    def rolling_restart(self, timeout: float = 1200) -> tuple[int, str, float]:
-        """scripts/rolling-restart.sh on this project: (exit code, its output, seconds)."""
+    def rolling_restart(self, timeout: float = 1200, on_line=None) -> tuple[int, str, float]:
+        """scripts/rolling-restart.sh on this project: (exit code, its output, seconds); each
+        line of its output goes to `on_line` as it is printed."""
         t = time.monotonic()
-        r = subprocess.run(
+        p = subprocess.Popen(
             ["bash", str(ROOT / "scripts" / "rolling-restart.sh"), *self.options],
+            env=self.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        timer = threading.Timer(timeout, p.kill)
+        timer.start()
+        lines = []
+        try:
+            for line in p.stdout:
+                lines.append(line)
+                if on_line is not None:
+                    on_line(line)
+            code = p.wait()
+        finally:
+            timer.cancel()
+        return code, "".join(lines), time.monotonic() - t
+
+    def replica_urls(self) -> dict[str, str]:
+        """Each replica's container name -> its own URL on the compose network (no LB between);
+        the host reaches a container's bridge address. Read before a restart renews them."""
+        ids = self.compose("ps", "-q", "vllm-cpu").stdout.split()
+        out = subprocess.run(
+            [
+                "docker",
+                "inspect",
+                "-f",
+                "{{.Name}} {{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+                *ids,
+            ],
             env=self.env,
             capture_output=True,
             text=True,
-            timeout=timeout,
-        )
-        return r.returncode, r.stdout + r.stderr, time.monotonic() - t
+            timeout=60,
+            check=True,
+        ).stdout
+        return {
+            name.lstrip("/"): f"http://{ip}:8000"
+            for name, ip, *_ in (line.split() for line in out.splitlines() if line.strip())
+        }
 
     def model(self) -> str:
         return requests.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
@@ -207,10 +253,33 @@ class Load:
                 self.done.append(r)
             self.stopping.wait(self.pause_s)
 
-    def _stream(self, kind: str) -> Request:
+    def witness(self, url: str, until: threading.Event) -> None:
+        """Streams straight to a replica's `url`, a new one every WITNESS_EVERY_S until `until`,
+        each sized to last WITNESS_S; recorded as kind "witness" (stop() waits for them)."""
+
+        def one() -> None:
+            r = self._stream("witness", url, self._tokens(WITNESS_S, cap=None))
+            with self.lock:
+                self.done.append(r)
+
+        def send() -> None:
+            while not (until.is_set() or self.stopping.is_set()):
+                t = threading.Thread(target=one, daemon=True)
+                t.start()
+                with self.lock:
+                    self.threads.append(t)
+                until.wait(WITNESS_EVERY_S)
+
+        t = threading.Thread(target=send, daemon=True)
+        t.start()
+        with self.lock:
+            self.threads.append(t)
+
+    def _stream(self, kind: str, url: str | None = None, tokens: int | None = None) -> Request:
         start = time.monotonic()
-        tokens = self.stream_tokens if kind == "stream" else self._long_tokens()
-        res = stream_completion(self.url, self.model, tokens, timeout=self.timeout)
+        if tokens is None:
+            tokens = self._tokens(self.long_s) if kind == "long" else self.stream_tokens
+        res = stream_completion(url or self.url, self.model, tokens, timeout=self.timeout)
         ok = (
             res.status == 200
             and res.done
@@ -226,17 +295,18 @@ class Load:
                 f"tokens {res.tokens}/{tokens}, error {res.error}"
             )
         )
-        if ok:
+        if ok and kind != "witness":
             with self.lock:
                 self.rates = [*self.rates[-5:], tokens / max(res.ended - start, 0.01)]
         return Request(kind, start, res.ended, ok, detail, tokens)
 
-    def _long_tokens(self) -> int:
+    def _tokens(self, seconds: float, cap: int | None = LONG_MAX_TOKENS) -> int:
+        """Tokens for a stream of about `seconds` at the median rate of the last streams."""
         with self.lock:
             rate = statistics.median(self.rates) if self.rates else None
         if rate is None:
             return self.stream_tokens
-        return max(self.stream_tokens, min(int(rate * self.long_s), LONG_MAX_TOKENS))
+        return max(self.stream_tokens, min(int(rate * seconds), cap or 1 << 20))
 
     def _short(self) -> Request:
         start = time.monotonic()
@@ -273,8 +343,10 @@ class Load:
         hang and is returned as a failed request."""
         self.stopping.set()
         end = time.monotonic() + timeout
-        for t in self.threads:
-            t.join(max(end - time.monotonic(), 0))
+        # Twice: a witness sender (ending at once) may have added a stream during the first pass.
+        for _ in range(2):
+            for t in list(self.threads):
+                t.join(max(end - time.monotonic(), 0))
         hung = [
             Request(
                 "hung",
@@ -318,9 +390,21 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
     time.sleep(5)
     warm.stop(timeout=120)
     load = Load(dep.url, model, **load_kw)
+    replicas = dep.replica_urls()
     time.sleep(warm_s)
+
+    stopping = {name: threading.Event() for name in replicas}
+
+    def on_line(line: str) -> None:
+        step = re.search(r"\] (\S+): (others ready .* set to DRAIN|docker stop -t)", line)
+        if step and step[1] in replicas:
+            if step[2].startswith("docker stop"):
+                stopping[step[1]].set()
+            else:
+                load.witness(replicas[step[1]], stopping[step[1]])
+
     t0 = time.monotonic()
-    code, output, took = dep.rolling_restart()
+    code, output, took = dep.rolling_restart(on_line=on_line)
     t1 = time.monotonic()
     time.sleep(after_s)
     reqs = load.stop()
@@ -347,6 +431,8 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
         "failed_longs": sum(r.kind == "long" for r in failed),
         "long_tokens": sorted({r.tokens for r in reqs if r.kind == "long"}),
         "long_seconds": [round(r.latency, 1) for r in reqs if r.kind == "long" and r.ok],
+        "witnesses": sum(r.kind == "witness" for r in reqs),
+        "witness_seconds": [round(r.latency, 1) for r in reqs if r.kind == "witness"],
         "hung": sum(r.kind == "hung" for r in reqs),
         "failures": [asdict(r) | {"at_s": round(r.start - t0, 1)} for r in failed][:20],
         "during_restart": sum(t0 <= r.start < t1 for r in reqs),
@@ -373,7 +459,8 @@ def summary(result: dict) -> str:
         f"{result['failed_longs']}/{result['longs']} long, {result['hung']} hung); "
         f"{result['during_restart']} sent during the {result['restart_s']} s rolling restart "
         f"(exit {result['restart_exit']}); in flight at each SIGTERM {result['in_flight_at_sigterm']}; "
-        f"replayed by the LB {result['lb_replayed']}"
+        f"replayed by the LB {result['lb_replayed']}; witnesses {result['witnesses']} "
+        f"(s: {result['witness_seconds']})"
     ]
     for kind in ("short", "stream", "long"):
         s, r = lat[kind]["steady"], lat[kind]["restart"]
