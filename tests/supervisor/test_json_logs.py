@@ -103,18 +103,19 @@ def vllm():
         os.write(err_w, b"vllm line %d\\n" % i)
     os.close(out_w)
     os.close(err_w)
-relay.start()
 writer = threading.Thread(target=vllm)
 writer.start()
+pump = threading.Thread(target=relay.pump, args=(60,))  # the loop's part, here from a thread
+pump.start()
 for i in range({n}):
     log(f"supervisor line {{i}}", event="state")
 writer.join()
-relay.join()
+pump.join()
 """
 
 
 def test_the_supervisors_lines_and_relayed_lines_never_share_a_line(tmp_path):
-    """Two threads write the same stderr (the supervisor's log, the relay); without one lock
+    """Two threads write the same stderr (e.g. the probe port's log and the loop's relay); without one lock
     around whole lines a relayed line landed between a message and its newline (~5% of lines
     with 3000 of each)."""
     n = 3000
@@ -132,3 +133,31 @@ def test_the_supervisors_lines_and_relayed_lines_never_share_a_line(tmp_path):
     assert sorted(r["message"] for r in records) == sorted(
         [f"supervisor line {i}" for i in range(n)] + [f"vllm line {i}" for i in range(n)]
     )
+
+
+ENDLESS_OUTPUT = """
+import subprocess, sys, time
+from vllm_intel.supervisor.relay import Relay
+relay = Relay()
+out_w, err_w = relay.child_fds()
+yes = subprocess.Popen(["yes", "vllm line"], stdout=err_w)
+start = time.monotonic()
+relay.pump(0)
+took = time.monotonic() - start
+yes.kill()
+print(took, file=sys.__stdout__, flush=True)
+"""
+
+
+def test_a_tick_of_the_relay_ends_while_vllm_keeps_printing(tmp_path):
+    """The loop pumps vLLM's pipes on every tick: a process that never stops printing must not
+    hold the loop (its signals, its deadline) in one tick."""
+    r = subprocess.run(
+        [sys.executable, "-c", ENDLESS_OUTPUT],
+        env={**os.environ, "INTEL_VLLM_LOG_FORMAT": "json", "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 0 and float(r.stdout) < 5, r.stdout

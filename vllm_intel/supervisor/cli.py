@@ -169,8 +169,6 @@ def supervise(
             if probe_port is not None:
                 serve_probes(sup, metrics, cfg, plan, probe_port, run.swept)
             check_stop("the preflight checks")  # the last: a stop from here on is the loop's
-            if relay:
-                relay.start()
             failed = sup.spawn(env, relay.child_fds() if relay else None)
             if failed is not None:
                 return failed

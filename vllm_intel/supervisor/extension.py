@@ -8,7 +8,8 @@ progress (hub.DownloadProgress).
 The loop calls the hooks from its own thread, in the order the extensions were given:
   on_spawn(sup)  once, when vLLM's API server runs (sup.child)
   on_state(sup)  after each change of sup.state (written to the state file and logged)
-  on_tick(sup)   every turn of the loop (at least every loop.TICK_S); returns at once
+  on_tick(sup)   every turn of the loop (at least every TICK_S), every TICK_S while the loop
+                 waits for vLLM's processes to exit, and once before the exit line; returns at once
   on_exit(sup)   once, after vLLM's exit; every wait in it ends by sup.time_left(...)
 A hook that raises is a bug of ours: it is not swallowed.
 """

@@ -250,9 +250,12 @@ class Supervisor:
             self.reap()
             self.check_deadline()
             self.check_ready()
-            for ext in self.extensions:
-                ext.on_tick(self)
+            self.tick_extensions()
         return self.finish()
+
+    def tick_extensions(self) -> None:
+        for ext in self.extensions:
+            ext.on_tick(self)
 
     def read_forecast(self):
         """The drain forecast vLLM's API server wrote (drain_forecast.Forecast), once it exists."""
@@ -380,6 +383,7 @@ class Supervisor:
             self.signal_group(signal.SIGKILL)
             self.wait_group(self.time_left(5))
         reap_all()
+        self.tick_extensions()  # e.g. the relay: vLLM's last lines before the exit line
         log(self.summary(code), event="exit", code=int(code))
         return code
 
@@ -412,9 +416,14 @@ class Supervisor:
                 return
 
     def wait_group(self, seconds: float) -> None:
+        """Until vLLM's process group is gone or `seconds` pass; the extensions tick meanwhile."""
         end = time.monotonic() + seconds
-        while self.group_alive() and time.monotonic() < end:
+        tick_at = 0.0
+        while self.group_alive() and (now := time.monotonic()) < end:
             reap_all()
+            if now >= tick_at:
+                self.tick_extensions()
+                tick_at = now + TICK_S
             time.sleep(0.01)  # a signal-0 probe and a reap: cheap, and the container's exit waits
 
     def summary(self, code: int) -> str:
