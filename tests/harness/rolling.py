@@ -158,6 +158,8 @@ class Deployment:
         """Each replica's container name -> its own URL on the compose network (no LB between);
         the host reaches a container's bridge address. Read before a restart renews them."""
         ids = self.compose("ps", "-q", "vllm-cpu").stdout.split()
+        if not ids:  # none running (e.g. every replica crashed): no witness to send
+            return {}
         out = subprocess.run(
             [
                 "docker",

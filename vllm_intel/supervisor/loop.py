@@ -1,7 +1,8 @@
 """The supervisor loop, as tini's main(): spawn, then wait -> forward -> reap -> check deadline.
 
 Signals are blocked and collected synchronously with sigtimedwait: no handler does any work.
-The loop does no HTTP (the observer thread does) and no file I/O but the state file.
+The loop does no HTTP (the observer thread does); its own I/O is the state file, and its
+extensions' ticks return at once (the JSON relay reads only what vLLM's pipes hold).
 """
 
 from __future__ import annotations
