@@ -143,8 +143,8 @@ def drain_and_check(s, mode, scraper) -> None:
 def test_request_longer_than_the_drain_gets_a_final_event(serve):
     """Also INTEL_VLLM_LOG_FORMAT=json: every line of the run (start, a request, an aborting
     drain, stop) is one JSON object: the supervisor's, vLLM's logging and uvicorn's access log,
-    vLLM's all before the exit line. With the probe port on too, every extension that can run here is on, and
-    PID 1 still runs 3 threads (the relay is pumped by the loop)."""
+    vLLM's all before the exit line. With the probe port on too, every extension that can run
+    here is on, and PID 1 still runs 3 threads (the relay is pumped by the loop)."""
     env = {"INTEL_VLLM_LOG_FORMAT": "json", "INTEL_VLLM_PROBE_PORT": str(free_port())}
     s = serve("--enforce-eager", drain=4, env=env)
     streams = Streams(s.url, s.model, n=1, max_tokens=8000)

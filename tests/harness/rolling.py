@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 
 import requests
 
-from tests.harness import ROOT, free_port, stream_completion
+from tests.harness import ROOT, docker, free_port, stream_completion
 from vllm_intel.supervisor import timing
 
 REPLICAS_FILE = ROOT / "compose.replicas.yaml"
@@ -160,19 +160,12 @@ class Deployment:
         ids = self.compose("ps", "-q", "vllm-cpu").stdout.split()
         if not ids:  # none running (e.g. every replica crashed): no witness to send
             return {}
-        out = subprocess.run(
-            [
-                "docker",
-                "inspect",
-                "-f",
-                "{{.Name}} {{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
-                *ids,
-            ],
-            env=self.env,
-            capture_output=True,
-            text=True,
+        out = docker(
+            "inspect",
+            "-f",
+            "{{.Name}} {{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}",
+            *ids,
             timeout=60,
-            check=True,
         ).stdout
         return {
             name.lstrip("/"): f"http://{ip}:8000"
@@ -308,7 +301,8 @@ class Load:
             rate = statistics.median(self.rates) if self.rates else None
         if rate is None:
             return self.stream_tokens
-        return max(self.stream_tokens, min(int(rate * seconds), cap or 1 << 20))
+        tokens = int(rate * seconds) if cap is None else min(int(rate * seconds), cap)
+        return max(self.stream_tokens, tokens)
 
     def _short(self) -> Request:
         start = time.monotonic()

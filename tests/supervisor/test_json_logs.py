@@ -115,9 +115,9 @@ pump.join()
 
 
 def test_the_supervisors_lines_and_relayed_lines_never_share_a_line(tmp_path):
-    """Two threads write the same stderr (e.g. the probe port's log and the loop's relay); without one lock
-    around whole lines a relayed line landed between a message and its newline (~5% of lines
-    with 3000 of each)."""
+    """Two threads write the same stderr (e.g. the probe port's log and the loop's relay);
+    without one lock around whole lines a relayed line landed between a message and its newline
+    (~5% of lines with 3000 of each)."""
     n = 3000
     err = tmp_path / "stderr"
     with err.open("wb") as f:
