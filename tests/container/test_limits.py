@@ -1,7 +1,8 @@
 """The CPU image in the container it is given: plain `docker run` (Docker's 64 MiB /dev/shm) fails
-in one line within seconds; with the README's flags plus a CPU quota and a memory limit it logs
-its plan (threads from the quota, not pinned; KV cache from the limit; shm queue readers woken by
-their writer) and serves."""
+in one line within seconds; with the README's flags plus a CPU quota and a memory limit, as an
+arbitrary uid in group 0 (OpenShift's restricted SCC), it logs its plan (threads from the quota,
+not pinned; KV cache from the limit; shm queue readers woken by their writer), serves, and drains
+on `docker stop`."""
 
 from __future__ import annotations
 
@@ -12,10 +13,12 @@ import uuid
 import pytest
 import requests
 
-from tests.harness import Container, docker, patch_line, wake_words
+from tests.harness import Container, Streams, docker, patch_line, wake_words
+from vllm_intel.supervisor import timing
 from vllm_intel.supervisor.errors import Exit
 
 pytestmark = [pytest.mark.docker]
+UID = 12345  # no entry in the image's /etc/passwd
 
 
 def test_plain_docker_run_fails_in_one_line_naming_the_fix(cpu_image):
@@ -29,12 +32,16 @@ def test_plain_docker_run_fails_in_one_line_naming_the_fix(cpu_image):
 
 
 @pytest.mark.slow
-def test_under_a_quota_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
+def test_an_arbitrary_uid_under_a_quota_and_memory_limit_logs_the_plan_serves_and_drains(
+    cpu_image,
+):
     """`--cpus 1 --memory 4g` of 2+ CPUs: one OpenMP thread, not pinned (every vLLM process may
     run on every CPU the container sees), the KV cache from the limit, the shm queue readers
-    woken by their writer instead of spinning beside the work; it serves."""
+    woken by their writer instead of spinning beside the work; it serves. As uid 12345 in group
+    0: it writes what vLLM writes at run time into HOME's cache (group 0 has the owner's rights),
+    and a `docker stop` with streams in flight drains them and exits 0."""
     name = f"vllm-intel-limits-{uuid.uuid4().hex[:8]}"
-    args = ["--shm-size", "1g", "--cpus", "1", "--memory", "4g"]
+    args = ["--user", f"{UID}:0", "--shm-size", "1g", "--cpus", "1", "--memory", "4g"]
     # eager: torch.compile under a one-CPU quota doubled the test's time; the plan does not
     # depend on it (as the cpuset test below)
     with Container(name, cpu_image(), args, ["serve", "--enforce-eager"]) as c:
@@ -79,6 +86,26 @@ def test_under_a_quota_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
         # to the worker, the worker's back), in the container's /dev/shm
         assert len(wake_words(c.name)) == 2, wake_words(c.name)
         assert "no futex wake-up" not in c.logs(), c.logs()[-3000:]
+
+        assert docker("exec", name, "id", "-u").stdout.strip() == str(UID)
+        # What this uid wrote under HOME's cache (vLLM's model info, the compile cache dirs).
+        mine = docker(
+            "exec", name, "find", "/home/vllm/.cache", "-uid", str(UID), "-print"
+        ).stdout.split()
+        assert mine, docker("exec", name, "ls", "-laR", "/home/vllm/.cache").stdout
+        streams = Streams(c.url, "/opt/vllm-intel/models/tiny-llama", n=2, max_tokens=1500)
+        assert streams.wait_started(60)
+        t0 = time.monotonic()
+        grace = timing.grace_period(timing.DEFAULT_DRAIN_S)
+        docker("stop", "-t", str(grace), name, timeout=grace + 30)
+        took = time.monotonic() - t0
+        results = streams.join(60)
+        code = docker("inspect", "-f", "{{.State.ExitCode}}", name).stdout.strip()
+        print(f"uid {UID}: stop took {took:.1f} s, exit {code}, wrote {len(mine)} file(s)")
+        assert [(r.done, r.finish_reason, r.tokens) for r in results] == [
+            (True, "length", 1500)
+        ] * 2, (results, c.logs()[-3000:])
+        assert code == "0", c.logs()[-3000:]
 
 
 @pytest.mark.slow

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -70,6 +72,12 @@ def serve(tmp_path, tiny_model):
 
     yield start
     for s in servers:
+        # A server the test left running stops as a user's would (its drain, its cleanup), so
+        # the host's /dev/shm keeps no leftovers for the next tests; then nothing may remain.
+        if s.proc.poll() is None:
+            s.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                s.proc.wait(timeout=60)
         s.kill_all()
         shutil.rmtree(s.tmp, ignore_errors=True)
 

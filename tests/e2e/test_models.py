@@ -1,7 +1,7 @@
-"""A user's own model through entrypoint.py with real vLLM CPU, offline: a model directory
-mounted somewhere else than the built-in one (named by INTEL_VLLM_MODEL), and a Hugging Face
-hub cache (models--ORG--NAME/snapshots/<rev>, refs/main, blobs) filled by `prefetch` and served
-by repo id, as the image's HF_HOME volume holds it."""
+"""A user's own model through entrypoint.py with real vLLM CPU, offline: a Hugging Face hub cache
+(models--ORG--NAME/snapshots/<rev>, refs/main, blobs) filled by `prefetch` and served by repo id,
+as the image's HF_HOME volume holds it. A model directory mounted elsewhere and named by
+INTEL_VLLM_MODEL: tests/container/test_real_shape.py (the image, /models/m)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import requests
 
 from tests.harness import ROOT
 from tests.harness.fakehub import FakeHub
-from tests.harness.models import REPO, REVISION, copy_model
+from tests.harness.models import REPO, REVISION
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -27,17 +27,6 @@ def complete(s, model: str) -> dict:
     )
     assert r.status_code == 200, r.text
     return r.json()
-
-
-def test_model_from_a_mounted_directory(serve, tiny_model, tmp_path):
-    """Not the built-in path: a copy under another name, chosen by INTEL_VLLM_MODEL (what compose
-    and the Kubernetes overlays set), with no model argument."""
-    mine = copy_model(tiny_model, tmp_path / "models" / "my-llama")
-    s = serve("--enforce-eager", model="", env={"INTEL_VLLM_MODEL": str(mine)})
-    assert s.model == str(mine)
-    out = complete(s, s.model)
-    assert out["usage"]["completion_tokens"] == 8
-    assert "downloading" not in s.text()  # a local path: no progress logger
 
 
 def test_hub_cache_served_by_repo_id_offline(serve, tiny_model, tmp_path):

@@ -1,6 +1,5 @@
-"""Model directories the tests build themselves: a copy of the tiny model under another name (a
-user's mounted model) and the same files in a Hugging Face hub cache layout (what `hf download`
-or vLLM leave behind), so both can be served offline by path and by repo id."""
+"""The tiny model's files in a Hugging Face hub cache layout (what `hf download` or vLLM leave
+behind), so it can be served offline by repo id."""
 
 from __future__ import annotations
 
@@ -12,11 +11,6 @@ import shutil
 # A commit hash as the hub names snapshots (any 40 hex digits; refs/main points at it).
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 REPO = "vllm-intel-test/tiny-llama"  # a repo id no hub has: served only from a cache
-
-
-def copy_model(src: pathlib.Path, dst: pathlib.Path) -> pathlib.Path:
-    shutil.copytree(src, dst)
-    return dst
 
 
 def hub_layout(

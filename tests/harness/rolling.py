@@ -48,7 +48,7 @@ LOAD = dict(
 )
 # A long stream must finish inside DRAIN_S at the slowest rate a draining replica gives it while
 # the other replica carries all new load: down to ~8 tokens/s per stream on 2 busy cores
-# (docs/bench.md, the rolling section: the CI runs of 2026-12-02).
+# (docs/bench.md, "rolling restart: the test's runs", what the test caught on the way).
 LONG_MAX_TOKENS = 360
 # On a fast host the LB's DRAIN step can outlast every stream the LB sent (a clean clone: 360-token
 # streams of ~1.8 s, in flight at each SIGTERM [0, 0]), so each replica also gets witnesses: from
@@ -83,7 +83,7 @@ class Deployment:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         # --enforce-eager: each restart skips torch.compile (a start takes ~40 s instead of ~60 s
-        # on 2 busy cores); the drain does not depend on it (tests/e2e drain both paths).
+        # on 2 busy cores); the drain does not depend on it.
         self.env = dict(
             os.environ,
             COMPOSE_PROJECT_NAME=name,

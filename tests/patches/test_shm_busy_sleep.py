@@ -65,8 +65,9 @@ state = m.PATCH.apply()
 known = m.ENV in envs.environment_variables and getattr(envs, m.ENV) == 0.0001
 again = m.PATCH.apply()
 reason = m.PATCH.reason
+others = {p for p in os.listdir("/dev/shm") if p.startswith(m.WAKE_PREFIX)}  # other runs'
 w, r = pair(1)
-files = [p for p in os.listdir("/dev/shm") if p.startswith(m.WAKE_PREFIX)]
+files = [p for p in os.listdir("/dev/shm") if p.startswith(m.WAKE_PREFIX) and p not in others]
 patched_cpu, patched_checks = cpu_s_waiting(r)
 lat = wake_latencies(w, r)
 path = w._intel_wake.path
