@@ -68,11 +68,12 @@ def test_at_the_memory_plans_edge_it_serves_a_full_step_and_the_drain_finishes_f
         with Sampler(name) as memory:
             ready = c.wait_ready(600)
             at_ready = memory.peak
-            plan_line = next(x for x in c.logs().splitlines() if "] plan: " in x)
+            start_logs = c.logs()
+            plan_line = next(x for x in start_logs.splitlines() if "] plan: " in x)
             assert "VLLM_CPU_KVCACHE_SPACE=1" in plan_line, plan_line
             # a mounted directory named by INTEL_VLLM_MODEL, no model argument: served under
             # that path, read where it is (no download, so no progress line)
-            assert "downloading" not in c.logs(), c.logs()[-3000:]
+            assert "downloading" not in start_logs, start_logs[-3000:]
             assert f"memory.max {edge / GiB:.1f} GiB" in plan_line, plan_line
             # the KV cache is in memory from the start: "full use" is the state at ready
             assert at_ready >= work.weights + 1 * GiB, (at_ready, work.weights)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pathlib
 import shutil
@@ -75,9 +74,8 @@ def serve(tmp_path, tiny_model):
         # A server the test left running stops as a user's would (its drain, its cleanup), so
         # the host's /dev/shm keeps no leftovers for the next tests; then nothing may remain.
         if s.proc.poll() is None:
-            s.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                s.proc.wait(timeout=60)
+            s.signal(signal.SIGTERM)
+            s.wait(timeout=60)
         s.kill_all()
         shutil.rmtree(s.tmp, ignore_errors=True)
 
