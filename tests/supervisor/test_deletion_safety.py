@@ -17,7 +17,7 @@ import textwrap
 import pytest
 
 from tests.harness import ROOT
-from vllm_intel.supervisor import errors, janitor, loop, paths, probes, settings
+from vllm_intel.supervisor import errors, janitor, loop, paths, probe_client, settings
 from vllm_intel.supervisor.errors import ConfigError, Exit
 
 OTHER_UID = 12345
@@ -283,10 +283,10 @@ def test_probe_refuses_a_state_file_no_supervisor_wrote(
     tmp_path, capsys, monkeypatch, content, message
 ):
     asked = []
-    monkeypatch.setattr(probes, "healthy", lambda url, timeout: asked.append(url) or True)
+    monkeypatch.setattr(probe_client, "healthy", lambda url, timeout: asked.append(url) or True)
     state = tmp_path / "state.json"
     state.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
-    code = probes.probe(["live", "--port", "1"], env={"INTEL_VLLM_STATE_FILE": str(state)})
+    code = probe_client.probe(["live", "--port", "1"], env={"INTEL_VLLM_STATE_FILE": str(state)})
     out, err = capsys.readouterr()
     assert code == 1 and out == "" and asked == []
     lines = err.splitlines()
@@ -300,10 +300,10 @@ def test_probe_refuses_a_state_file_no_supervisor_wrote(
 )
 def test_probe_accepts_what_a_supervisor_writes(tmp_path, capsys, monkeypatch, url):
     """Not a bug's test: the addresses `poll_url` writes stay accepted."""
-    monkeypatch.setattr(probes, "healthy", lambda url, timeout: True)
+    monkeypatch.setattr(probe_client, "healthy", lambda url, timeout: True)
     state = tmp_path / "state.json"
     state.write_text(json.dumps({**GOOD, "state": "SERVING", "url": url}))
-    code = probes.probe(["ready", "--port", "1"], env={"INTEL_VLLM_STATE_FILE": str(state)})
+    code = probe_client.probe(["ready", "--port", "1"], env={"INTEL_VLLM_STATE_FILE": str(state)})
     assert code == 0, capsys.readouterr()
 
 

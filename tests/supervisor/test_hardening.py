@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from vllm_intel.supervisor import errors, janitor, paths, plan, probes, vllm_args
+from vllm_intel.supervisor import errors, janitor, paths, plan, probe_client, probes, vllm_args
 from vllm_intel.supervisor.limits import Limits
 from vllm_intel.supervisor.workload import Workload
 
@@ -107,7 +107,7 @@ def test_a_planted_state_file_with_a_control_character_is_refused(tmp_path, url)
 
 def test_a_deeply_nested_state_file_or_claim_is_refused(tmp_path):
     with pytest.raises(ValueError, match="nested"):
-        probes.parse_state(b"[" * 100_000)
+        probe_client.parse_state(b"[" * 100_000)
     fd = os.open(tmp_path / "claim", os.O_RDWR | os.O_CREAT, 0o600)
     os.write(fd, b"{" * 100_000)
     assert janitor.read_claim(fd) == {}
@@ -256,25 +256,28 @@ def test_probe_ignores_a_planted_private_dir(tmp_path, monkeypatch, capsys):
     (planted / "vllm-intel-8000.state.json").write_text(
         json.dumps({"state": "SERVING", "pid": os.getpid(), "url": "http://127.0.0.1:1"})
     )
-    monkeypatch.setattr(probes, "healthy", lambda url, timeout: True)
-    assert probes.probe(["ready", "--port", "8000"], env={}) == 1
+    monkeypatch.setattr(probe_client, "healthy", lambda url, timeout: True)
+    assert probe_client.probe(["ready", "--port", "8000"], env={}) == 1
     assert "private directory" in capsys.readouterr().err
 
 
-def test_the_probe_port_does_not_spin_when_out_of_fds():
+def test_the_probe_port_does_not_spin_when_out_of_fds(capfd, monkeypatch):
     """At EMFILE the connection stays in the backlog and the listening socket stays readable:
-    the accept loop must back off, not call accept() as fast as a core can."""
+    the accept loop must back off (the port's thread nearly idle), not call accept() as fast as
+    a core can, and say so once; once an fd is free the waiting probe is answered."""
     import resource
 
-    server = probes.ProbeServer(0, lambda kind: (True, "ok"))
-    calls = []
-    real = server._accept
-    server._accept = lambda: (calls.append(1), real())
+    monkeypatch.setattr(probes, "_logged", set())
+    server = probes.ProbeServer(0, lambda kind: (True, "ok")).start()
+    port = server.server_address[1]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held = []
-    server.start()
     try:
+        assert get_raw(port).startswith(b"HTTP/1.0 200")  # the loop runs
         client = socket.socket(socket.AF_INET)
+        # opened before the fds run out: read again (pread) while none is left
+        stat_fd = os.open(f"/proc/self/task/{server._thread.native_id}/stat", os.O_RDONLY)
+        held.append(stat_fd)
         top = max(int(fd) for fd in os.listdir("/proc/self/fd"))
         resource.setrlimit(resource.RLIMIT_NOFILE, (top + 8, hard))
         try:
@@ -282,19 +285,40 @@ def test_the_probe_port_does_not_spin_when_out_of_fds():
                 held.append(os.dup(0))
         except OSError:
             pass
-        client.connect(("127.0.0.1", server.server_address[1]))  # waits in the backlog
+        client.connect(("127.0.0.1", port))  # waits in the backlog
+        client.sendall(b"GET /live HTTP/1.0\r\n\r\n")
         time.sleep(0.1)
-        calls.clear()
-        time.sleep(0.5)
-        spins = len(calls)
+        before = thread_cpu(stat_fd)
+        time.sleep(1.0)
+        busy = thread_cpu(stat_fd) - before
     finally:
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        client.settimeout(5)
+        answer = client.recv(100)  # accepted once asyncio tries again
+    finally:
         client.close()
         server.shutdown()
         server.server_close()
-    assert spins <= 20, f"accept() tried {spins} times in 0.5 s at EMFILE: a spin"
+    assert busy < 0.2, f"the probe port's thread took {busy:.2f} s of CPU in 1 s at EMFILE: a spin"
+    assert answer.startswith(b"HTTP/1.0 200"), answer
+    err = capfd.readouterr().err
+    assert err.count("probe port: socket.accept() out of system resource") == 1, err
+    assert "Traceback" not in err, err
+
+
+def thread_cpu(stat_fd: int) -> float:
+    """User + system CPU seconds of the thread whose /proc/self/task/TID/stat is `stat_fd`."""
+    fields = os.pread(stat_fd, 4096, 0).rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
+def get_raw(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"GET /live HTTP/1.0\r\n\r\n")
+        return s.recv(100)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,6 @@
 """The supervisor's probe port (probes.serve_http): dual-stack, bounded in threads however many
 connections sit idle on it, idle connections timed out, quiet about clients that reset; and
-`entrypoint.py probe` on a bad port: one line, exit 64."""
+`entrypoint.py probe` (probe_client.py) on a bad port: one line, exit 64."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import time
 import pytest
 
 from tests.harness import ROOT, free_port
-from vllm_intel.supervisor import probes, settings
+from vllm_intel.supervisor import probe_client, probes, settings
 from vllm_intel.supervisor.errors import ConfigError
 from vllm_intel.supervisor.state import State
 
@@ -71,9 +71,9 @@ def test_answers_ready_and_live():
 
 
 def test_a_thousand_idle_connections_cost_no_threads_and_do_not_block_ready():
-    """Each idle connection used to hold a thread (ThreadingHTTPServer) for as long as it stayed
-    open: 1000 of them, 1000 threads. Now they cost a socket (the oldest closed past a bound),
-    and a probe arriving among them is answered at once."""
+    """A thread-per-connection server (http.server's ThreadingHTTPServer) would hold a thread
+    per idle connection: 1000 of them, 1000 threads. Here they cost a socket (the oldest closed
+    past a bound), and a probe arriving among them is answered at once."""
     before = threading.active_count()
     with server() as port:
         idle = []
@@ -93,6 +93,30 @@ def test_a_thousand_idle_connections_cost_no_threads_and_do_not_block_ready():
             assert get(port, "/live")[0] == 200
             assert time.monotonic() - t < 1.0
             assert threading.active_count() < before + 20
+        finally:
+            for s in idle:
+                s.close()
+
+
+def test_past_the_bound_the_oldest_idle_connection_goes_and_a_huge_request_is_dropped(
+    monkeypatch,
+):
+    monkeypatch.setattr(probes, "MAX_PENDING", 4)
+    with server() as port:
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=3) for _ in range(4)]
+        try:
+            time.sleep(0.2)  # all four accepted
+            newest = socket.create_connection(("127.0.0.1", port), timeout=3)
+            assert idle[0].recv(100) == b""  # the oldest, closed by the server
+            newest.sendall(b"GET /live HTTP/1.0\r\n\r\n")
+            assert newest.recv(100).startswith(b"HTTP/1.0 200")
+            newest.close()
+            with socket.create_connection(("127.0.0.1", port), timeout=3) as huge:
+                huge.sendall(b"GET /live HTTP/1.0\r\n" + b"X-A: b\r\n" * 2000)
+                try:  # no answer past MAX_REQUEST bytes: closed (a reset if unread data was left)
+                    assert huge.recv(100) == b""
+                except ConnectionResetError:
+                    pass
         finally:
             for s in idle:
                 s.close()
@@ -189,7 +213,7 @@ def test_a_client_that_resets_leaves_no_traceback(capfd):
 )
 def test_probe_with_a_bad_port_is_a_config_error(args, env):
     with pytest.raises(ConfigError, match="port number"):
-        probes.probe(["ready", *args], env)
+        probe_client.probe(["ready", *args], env)
     run = subprocess.run(
         [sys.executable, str(ROOT / "entrypoint.py"), "probe", "ready", *args],
         env={"PATH": "/usr/bin:/bin", "INTEL_VLLM_STATE_FILE": "/nonexistent", **env},

@@ -244,7 +244,7 @@ def show_help(args: list[str]) -> int:
 
 
 def probe(args: list[str]) -> int:
-    from .probes import probe as run_probe
+    from .probe_client import probe as run_probe
 
     # launch.main asks a valid probe port itself; here a set but invalid one is a config error
     # (exit 64, one line), never "not ready" from a probe that asked nobody.
