@@ -15,8 +15,11 @@ setup_step
 
 # Scheduled (nightly) builds also run the CPU image's lifecycle on the older release the tests
 # follow (tests/container/test_cpu_image.py) and 300 fuzz examples of the entrypoint's inputs
-# (tests/supervisor/test_fuzz_inputs.py); every other run, the default release and 60.
-if [ "${BUILDKITE_SOURCE:-}" = schedule ]; then export INTEL_VLLM_CPU_RELEASES=all FUZZ_EXAMPLES=300; fi
+# (tests/supervisor/test_fuzz_inputs.py) and the negative controls (tests/harness: control);
+# every other run, the default release, 60 examples and no controls.
+if [ "${BUILDKITE_SOURCE:-}" = schedule ]; then
+  export INTEL_VLLM_CPU_RELEASES=all FUZZ_EXAMPLES=300 INTEL_VLLM_CONTROLS=all
+fi
 image=vllm-intel:cpu-$VLLM_VERSION
 section ":docker: build $image"
 network_retryable scripts/build-image.sh cpu
@@ -28,7 +31,7 @@ if [ "${SKIP_IN_IMAGE_TESTS:-0}" != 1 ]; then
   # Tests that create another release's venv install from PyPI inside the container: give pip the
   # same extra CA bundle and local wheels the image build got (never stored in the image).
   ca=$(scripts/ca-bundle.sh)
-  run_args=(--rm --label "$RUN_LABEL" --shm-size 2g -e FUZZ_EXAMPLES)
+  run_args=(--rm --label "$RUN_LABEL" --shm-size 2g -e FUZZ_EXAMPLES -e INTEL_VLLM_CONTROLS)
   if [ -n "$ca" ]; then
     run_args+=(-v "$ca:/run/ci/ca.pem:ro" -e PIP_CERT=/run/ci/ca.pem)
   fi

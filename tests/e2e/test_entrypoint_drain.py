@@ -6,7 +6,6 @@ Each test starts its own server (~25-60 s on 2 cores); they are marked slow and 
 from __future__ import annotations
 
 import json
-import pathlib
 import re
 import signal
 import time
@@ -21,7 +20,7 @@ from tests.harness import (
     Streams,
     free_port,
     prometheus,
-    undocumented_warnings,
+    threads_of,
 )
 
 from .conftest import assert_nothing_left, probe
@@ -172,37 +171,3 @@ def test_request_longer_than_the_drain_gets_a_final_event(serve):
         for r in records
         if r.get("logger") == "uvicorn.access"
     )
-
-
-def threads_of(pid: int) -> list[str]:
-    tasks = pathlib.Path(f"/proc/{pid}/task")
-    return sorted((t / "comm").read_text().strip() for t in tasks.iterdir())
-
-
-def test_idle_sigterm_exits_fast(serve):
-    """Also: PID 1 serving with the images' defaults (probe port on) runs 3 threads:
-    the loop, the observer and the probe port."""
-    probe_port = free_port()
-    s = serve("--enforce-eager", env={"INTEL_VLLM_PROBE_PORT": str(probe_port)})
-    assert probe(s, "ready") == 0
-    ready = requests.get(f"http://127.0.0.1:{probe_port}/ready", timeout=5)
-    assert (ready.status_code, ready.text) == (200, "ready: state SERVING\n")
-    threads = threads_of(s.pid)
-    print(f"supervisor threads while serving: {threads}")
-    assert len(threads) <= 3, threads
-    t_term = s.signal(signal.SIGTERM)
-    code = s.wait(timeout=30)
-    took = time.monotonic() - t_term
-    print(f"idle stop: exit {code} after {took:.2f} s")
-    assert code == 0 and took < 3, s.tail()
-    assert "forecast at SIGTERM: nothing in flight" in s.text(), s.tail()
-    assert_nothing_left(s)
-    # `make run`'s start warns only as the image's does (this test's own --enforce-eager aside)
-    assert "runtime: tcmalloc + Intel OpenMP;" in s.text(), s.tail()
-    # The start's lines only. At the stop, vLLM 0.32.0 may warn "force killing remaining process
-    # EngineCore" for an EngineCore that has already exited: two of the API server's threads reap
-    # it (`monitor_engine_liveness` reads `proc.exitcode`, `shutdown` joins it; vllm/v1/engine/
-    # utils.py), and the one that loses gets ECHILD and takes it for alive. Nothing is lost.
-    start = s.text().split("state DRAINING", 1)[0]
-    unknown = undocumented_warnings(start, also=("Enforce eager set",))
-    assert not unknown, "\n".join(unknown)

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from tests.harness import Streams, alive, descendants, poll
+from tests.harness import Streams, alive, control, descendants, poll
 
 from .conftest import assert_nothing_left, probe, snapshot
 
@@ -65,12 +65,13 @@ def test_sigkill_of_the_api_server_kills_the_orphans(serve):
     assert_nothing_left(s)
 
 
-@pytest.mark.parametrize("watch", ["patched", "vllm-as-released"])
+@pytest.mark.parametrize("watch", ["patched", control("vllm-as-released", "vllm-as-released")])
 def test_sigkill_of_the_supervisor_leaves_no_vllm_process(serve, watch):
     """Outside a container nothing else ends vLLM when its supervisor dies (a crash, kill -9 of
     a CI job). The API server follows by PDEATHSIG; the engine core follows through the patch
     engine-parent-watch, its worker through vLLM's own death pipe. As released, the engine core
-    and its worker stay (vllm issue #55510): that arm shows the test can fail."""
+    and its worker stay (vllm issue #55510): that arm (a negative control: tests.harness.control)
+    shows the test can fail."""
     env = {"INTEL_VLLM_PATCHES_DISABLE": "engine-parent-watch"} if watch != "patched" else {}
     s = serve("--enforce-eager", drain=30, env=env)
     engine, worker = find(s, "VLLM::EngineCore"), find(s, "VLLM::Worker")

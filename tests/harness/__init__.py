@@ -31,6 +31,20 @@ OLD_VLLM = "0.27.1"  # the oldest release we test that still lacks the CPU no-op
 # (tests/patches/test_serve.py). It runs with INTEL_VLLM_CPU_RELEASES=all, as Buildkite's
 # scheduled builds do (.buildkite/steps/cpu.sh).
 ALL_CPU_RELEASES = os.environ.get("INTEL_VLLM_CPU_RELEASES") == "all"
+# A negative control (a patch left out, to show the bug it fixes and so that its test can fail)
+# repeats what the same release showed before; a new release in VLLM_VERSION reruns it by hand or
+# in the next scheduled build. It runs with INTEL_VLLM_CONTROLS=all, as Buildkite's scheduled
+# builds do (.buildkite/steps/cpu.sh).
+ALL_CONTROLS = os.environ.get("INTEL_VLLM_CONTROLS") == "all"
+
+
+def control(value, id_: str):
+    """A parametrize value for a negative-control arm: run with INTEL_VLLM_CONTROLS=all."""
+    import pytest  # here: the benchmarks use this module without pytest
+
+    why = f"negative control {id_}: INTEL_VLLM_CONTROLS=all (scheduled builds)"
+    return pytest.param(value, id=id_, marks=pytest.mark.skipif(not ALL_CONTROLS, reason=why))
+
 
 # What every local vllm serve of the tiny model needs on these CPU-only, offline machines.
 SERVE_ENV = {
@@ -426,6 +440,12 @@ def shm_segments(pids: list[int]) -> set[str]:
 
 # A warning line: vLLM's logger, Python's warnings module, Intel OpenMP's and glibc's messages.
 WARNING_LINE = re.compile(r"\bWARNING\b|\w+Warning: |OMP: (Warning|Error)|\bwarning: ", re.I)
+
+
+def threads_of(pid: int) -> list[str]:
+    """The names of process `pid`'s threads."""
+    tasks = pathlib.Path(f"/proc/{pid}/task")
+    return sorted((t / "comm").read_text().strip() for t in tasks.iterdir())
 
 
 def undocumented_warnings(logs: str, also: tuple[str, ...] = ()) -> list[str]:

