@@ -54,10 +54,11 @@ LONG_MAX_TOKENS = 360
 # streams of ~1.8 s, in flight at each SIGTERM [0, 0]), so each replica also gets witnesses: from
 # the moment rolling-restart.sh sets it to DRAIN until it prints its `docker stop`, a stream sent
 # straight to it every WITNESS_EVERY_S, each sized to last WITNESS_S at the rate the streams saw.
-# A witness ran 0.6 to 2.6 times its size, and a busy engine delivered SIGTERM up to 2 s after
-# the script printed `docker stop` (3 s witnesses had all ended by then once): the last witness
-# still runs at the SIGTERM. At a tenth of that rate a witness still ends well inside DRAIN_S.
-WITNESS_S = 8
+# A witness ran 0.6 to 2.6 times its size, and a busy engine delivered SIGTERM up to 5 s after
+# the script printed `docker stop` (3 s witnesses had all ended by then once, 8 s ones another
+# time): the last witness still runs at the SIGTERM. At a quarter of that rate a witness still
+# ends well inside DRAIN_S.
+WITNESS_S = 12
 WITNESS_EVERY_S = 1
 DRAIN_S = timing.DEFAULT_DRAIN_S  # the product's: what a user's rollout drains with
 LB_DRAIN_S = 1  # HAProxy stops sending at once; the 5 s default stands for Kubernetes' preStop
