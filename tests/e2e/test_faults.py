@@ -65,7 +65,7 @@ def test_sigkill_of_the_api_server_kills_the_orphans(serve):
     assert_nothing_left(s)
 
 
-@pytest.mark.parametrize("watch", ["patched", control("vllm-as-released", "vllm-as-released")])
+@pytest.mark.parametrize("watch", ["patched", control("vllm-as-released")])
 def test_sigkill_of_the_supervisor_leaves_no_vllm_process(serve, watch):
     """Outside a container nothing else ends vLLM when its supervisor dies (a crash, kill -9 of
     a CI job). The API server follows by PDEATHSIG; the engine core follows through the patch

@@ -38,8 +38,10 @@ ALL_CPU_RELEASES = os.environ.get("INTEL_VLLM_CPU_RELEASES") == "all"
 ALL_CONTROLS = os.environ.get("INTEL_VLLM_CONTROLS") == "all"
 
 
-def control(value, id_: str):
-    """A parametrize value for a negative-control arm: run with INTEL_VLLM_CONTROLS=all."""
+def control(value, id_: str | None = None):
+    """A parametrize value for a negative-control arm (its id: `id_`, else the value), run with
+    INTEL_VLLM_CONTROLS=all."""
+    id_ = id_ or str(value)
     import pytest  # here: the benchmarks use this module without pytest
 
     why = f"negative control {id_}: INTEL_VLLM_CONTROLS=all (scheduled builds)"

@@ -3,8 +3,8 @@
 On a CPU with AMX tiles (this machine's, where it has them) the real releases are driven: the
 permission is requested in every vLLM process, and a real `vllm serve --enforce-eager` of the tiny
 model serves with the patch (and, as a negative control, loses its worker to SIGILL without it:
-tests.harness.control). Elsewhere those tests are
-skipped with the reason, and the decision logic is tested on simulated CPUs over the real patch.
+tests.harness.control). Elsewhere those tests are skipped with the reason, and the decision logic
+is tested on simulated CPUs over the real patch.
 """
 
 from __future__ import annotations

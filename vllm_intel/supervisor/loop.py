@@ -388,13 +388,6 @@ class Supervisor:
         log(self.summary(code), event="exit", code=int(code))
         return code
 
-    def drained_requests(self) -> bool:
-        """Requests were in flight when the stop came (an idle stop has nothing to report)."""
-        first = self.observer.at_drain
-        counted = first is not None and first["running"] + first["waiting"] > 0
-        forecast = self.read_forecast()
-        return counted or bool(forecast and forecast.in_flight)
-
     def time_left(self, seconds: float) -> float:
         """`seconds`, cut to what is left before exit_at. Invariant: after a stop request every
         wait of the supervisor (these, the linger, the relay's last lines) ends by exit_at, so the

@@ -252,7 +252,7 @@ class Metrics(Extension):
             escalated=sup.escalated, aborted=aborted, was_serving=sup.was_serving
         )
         self.drains.labels(outcome).inc()
-        if self.linger_s and sup.drained_requests():
+        if self.linger_s and drained_requests(sup):
             sup.linger(sup.time_left(self.linger_s))
 
     def drain_progress(self, at_drain: dict | None, last: dict | None, forecast) -> None:
@@ -279,3 +279,11 @@ def reference() -> list[tuple[str, str, str]]:
         if not any(r[0] == f"vllm_intel_{name}_total" for r in rows):
             rows.append((f"vllm_intel_{name}_total", "counter", doc.removesuffix(" (v2)")))
     return rows
+
+
+def drained_requests(sup) -> bool:
+    """Requests were in flight when the stop came (an idle stop has nothing to report)."""
+    first = sup.observer.at_drain
+    counted = first is not None and first["running"] + first["waiting"] > 0
+    forecast = sup.read_forecast()
+    return counted or bool(forecast and forecast.in_flight)
