@@ -22,6 +22,7 @@ from vllm_intel.supervisor.limits import Limits
 from vllm_intel.supervisor.workload import Workload
 
 from .conftest import FAKE, ROOT
+from .test_probe_server import get
 
 PY = sys.executable
 
@@ -273,7 +274,7 @@ def test_the_probe_port_does_not_spin_when_out_of_fds(capfd, monkeypatch):
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     held = []
     try:
-        assert get_raw(port).startswith(b"HTTP/1.0 200")  # the loop runs
+        assert get(port, "/live")[0] == 200  # the loop runs
         client = socket.socket(socket.AF_INET)
         # opened before the fds run out: read again (pread) while none is left
         stat_fd = os.open(f"/proc/self/task/{server._thread.native_id}/stat", os.O_RDONLY)
@@ -313,12 +314,6 @@ def thread_cpu(stat_fd: int) -> float:
     """User + system CPU seconds of the thread whose /proc/self/task/TID/stat is `stat_fd`."""
     fields = os.pread(stat_fd, 4096, 0).rsplit(b")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
-
-
-def get_raw(port: int) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
-        s.sendall(b"GET /live HTTP/1.0\r\n\r\n")
-        return s.recv(100)
 
 
 @pytest.mark.parametrize(

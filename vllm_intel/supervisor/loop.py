@@ -435,7 +435,7 @@ class Supervisor:
 
     def forecast_summary(self) -> str:
         """ "; forecast at SIGTERM: ..." from the API server's drain forecast, or "" if none."""
-        found = drain_forecast.read(self.forecast_path) if self.forecast_path else None
+        found = self.read_forecast()
         return "" if found is None else f"; forecast at SIGTERM: {found.brief()}"
 
 
