@@ -28,7 +28,8 @@ OWN_PID_NAMESPACE = ("unshare", "--pid", "--fork", "--kill-child", "--mount-proc
 def entries(server) -> set[str]:
     """The vLLM shm entries the server's processes map (by inode: semaphores too)."""
     tree = janitor.tree_of(server.pid)
-    return janitor.entries_used_by(SHM, janitor.files_in_use(tree))
+    used = janitor.files_in_use(tree)
+    return {e.name for e in janitor.vllm_entries(SHM) if janitor.inode(e) in used}
 
 
 def complete(server) -> None:

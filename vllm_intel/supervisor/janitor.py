@@ -117,10 +117,6 @@ def vllm_entries(shm_dir: pathlib.Path) -> list[pathlib.Path]:
     return sorted(p for p in shm_dir.iterdir() if is_vllm_shm(p.name)) if shm_dir.is_dir() else []
 
 
-def entries_used_by(shm_dir: pathlib.Path, used: set[tuple[int, int]]) -> set[str]:
-    return {entry.name for entry in vllm_entries(shm_dir) if inode(entry) in used}
-
-
 def registered_by(name: str, pids: set[str]) -> bool:
     """An Intel OpenMP registration of one of `pids` (its name holds the process's pid)."""
     m = KMP_REGISTRATION.fullmatch(name)
@@ -169,21 +165,6 @@ def open_own(path: pathlib.Path, flags: int = os.O_RDWR) -> int | None:
         pass
     os.close(fd)
     return None
-
-
-@contextlib.contextmanager
-def locked_if_dead(path: pathlib.Path):
-    """Yields an fd of `path` holding its lock if its owner is gone, else None (owner alive, no
-    such file, or not a file of ours). The lock is held until the block ends, so nobody else
-    sweeps it meanwhile."""
-    fd = open_own(path)
-    if fd is None:
-        yield None
-        return
-    try:
-        yield fd if _lock(fd) else None
-    finally:
-        os.close(fd)
 
 
 def create_locked(path: pathlib.Path, content: bytes = b"") -> int:
@@ -394,19 +375,15 @@ def sweep_run_dir(run_dir: pathlib.Path, out: Sweep) -> None:
         out.foreign.append(str(run_dir))
         return
     lock = run_dir / LOCK_FILE
+    fd = open_own(lock)
+    if fd is None:  # no lock file: a run we cannot prove dead; anything else there is not ours
+        (out.foreign if is_foreign(lock) else out.unclaimed).append(str(run_dir))
+        return
     try:
-        lock_st = os.lstat(lock)
-    except FileNotFoundError:
-        out.unclaimed.append(str(run_dir))
-        return
-    except OSError:
-        lock_st = None
-    if lock_st is None or not is_ours(lock_st):
-        out.foreign.append(str(run_dir))
-        return
-    with locked_if_dead(lock) as fd:
-        if fd is not None:
-            out.removed += remove_run_dir(run_dir)
+        if _lock(fd) and remove_tree(run_dir):  # the lock held: nobody else sweeps it meanwhile
+            out.removed.append(str(run_dir))
+    finally:
+        os.close(fd)
 
 
 def sweep(
@@ -446,11 +423,6 @@ def remove(paths: list[pathlib.Path]) -> list[str]:
         except OSError:
             pass
     return removed
-
-
-def remove_run_dir(path: pathlib.Path) -> list[str]:
-    """A run directory of ours, removed without crossing into anything that is not (remove_tree)."""
-    return [str(path)] if remove_tree(path) else []
 
 
 MOUNTINFO = pathlib.Path("/proc/self/mountinfo")

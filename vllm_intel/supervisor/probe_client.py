@@ -102,11 +102,24 @@ def process_exists(pid: int) -> bool:
         return False
 
 
+def flag_value(flags: list[str], name: str) -> str | None:
+    """Value of `--name V` or `--name=V` in vLLM flags (last one wins, as argparse does)."""
+    found = None
+    for i, arg in enumerate(flags):
+        if arg == name:
+            if i + 1 >= len(flags):
+                raise ConfigError(f"{name} needs a value")
+            found = flags[i + 1]
+        elif arg.startswith(name + "="):
+            found = arg.split("=", 1)[1]
+    return found
+
+
 def probe(args: list[str], env=os.environ) -> int:
     """`entrypoint.py probe ready|live [--port N]`: exit 0 or 1."""
     if not args or args[0] not in KINDS:
         raise ConfigError("probe takes `ready` or `live`")
-    port_s = settings.flag_value(args[1:], "--port")
+    port_s = flag_value(args[1:], "--port")
     if port_s is not None:
         port = settings.parse_port("--port", port_s)
     else:

@@ -48,19 +48,6 @@ def check_port_number(name: str, port: int) -> int:
     return port
 
 
-def flag_value(flags: list[str], name: str) -> str | None:
-    """Value of `--name V` or `--name=V` in vLLM flags (last one wins, as argparse does)."""
-    found = None
-    for i, arg in enumerate(flags):
-        if arg == name:
-            if i + 1 >= len(flags):
-                raise ConfigError(f"{name} needs a value")
-            found = flags[i + 1]
-        elif arg.startswith(name + "="):
-            found = arg.split("=", 1)[1]
-    return found
-
-
 def drain_seconds(
     flags: list[str] | None = None, env=os.environ, user: int | None = None
 ) -> tuple[int, list[str]]:
