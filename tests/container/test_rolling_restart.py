@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 BARE = os.environ.get("INTEL_VLLM_ROLLING_BARE") == "1"
 # One client of each kind and no long streams: the witnesses give each drain its work, and the
 # lighter load lets a restarted replica start sooner than beside LOAD's six clients (docs/bench.md,
-# "rolling restart: the test's runs").
+# "rolling restart: the test").
 TEST_LOAD = dict(LOAD, streams=1, shorts=1, longs=0)
 # The LB's DRAIN step before each `docker stop`: the witnesses sent in it are seconds old at
 # SIGTERM, so vLLM's gauges count them (one sent an instant before may not be counted yet).

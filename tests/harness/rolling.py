@@ -48,7 +48,7 @@ LOAD = dict(
 )
 # A long stream must finish inside DRAIN_S at the slowest rate a draining replica gives it while
 # the other replica carries all new load: down to ~8 tokens/s per stream on 2 busy cores
-# (docs/bench.md, "rolling restart: the test's runs", what the test caught on the way).
+# (docs/bench.md, "rolling restart: the test", what the test caught on the way).
 LONG_MAX_TOKENS = 360
 # On a fast host the LB's DRAIN step can outlast every stream the LB sent (a clean clone: 360-token
 # streams of ~1.8 s, in flight at each SIGTERM [0, 0]), so each replica also gets witnesses: from
