@@ -103,7 +103,8 @@ def process_exists(pid: int) -> bool:
 
 
 def flag_value(flags: list[str], name: str) -> str | None:
-    """Value of `--name V` or `--name=V` in vLLM flags (last one wins, as argparse does)."""
+    """Value of `--name V` or `--name=V` among the probe's own arguments (last one wins, as
+    argparse does)."""
     found = None
     for i, arg in enumerate(flags):
         if arg == name:
