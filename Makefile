@@ -32,10 +32,18 @@ run: setup ## Serve the built-in tiny model on :8000 through entrypoint.py (Ctrl
 patches: ## Print the patch table for the local vLLM venv
 	@$(VENV)/bin/python entrypoint.py patches
 
-V ?=
-upstream-release: setup ## What vLLM release V changes here: XPU recipe row, patch verdicts + diffs, CPU routes
-	@[ -n "$(V)" ] || { echo "usage: make upstream-release V=0.35.0" >&2; exit 64; }
-	@$(VENV)/bin/python tools/upstream_release.py show $(V)
+# V as typed, never expanded by make (a `$(shell ...)` in it stays text): a release number,
+# checked before `setup` touches the venv (read from the environment: whatever bytes it holds),
+# then passed quoted.
+override V := $(value V)
+upstream-release: upstream-release-version setup ## What vLLM release V changes here: XPU recipe row, patch verdicts + diffs, CPU routes
+	@$(VENV)/bin/python tools/upstream_release.py show '$(V)'
+
+.PHONY: upstream-release-version
+upstream-release-version: override export V := $(V)
+upstream-release-version:
+	@re='^[0-9]+(\.[0-9]+){1,3}([a-z0-9.+-]*)?$$'; [[ $$V =~ $$re ]] || { printf \
+	  'make upstream-release: V=%q is not a vLLM release number such as 0.35.0\n' "$$V" >&2; exit 64; }
 
 upstream-release-record: setup ## Rewrite patches/tested_code.py and docs/patch-verdicts.json from the releases' sources
 	@$(VENV)/bin/python tools/upstream_release.py record

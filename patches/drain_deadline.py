@@ -4,6 +4,9 @@ Targets (vLLM releases with a drain mode, i.e. ``--shutdown-timeout N > 0``, in 
 below; whether the code has a drain mode and a deadline is read from its structure):
   * ``vllm.v1.engine.core.EngineCoreProc._handle_shutdown`` (EngineCore process)
   * ``vllm.v1.engine.async_llm.AsyncLLM.shutdown`` (API server process)
+  * ``vllm.v1.engine.output_processor.OutputProcessor``: ``_update_stats_from_finished`` (which
+    ``process_outputs`` calls once for each request it has just freed), ``abort_requests`` and
+    ``propagate_error`` (API server process)
   * ``build_middleware_stack`` of ``fastapi.FastAPI`` (or ``Starlette`` where FastAPI does not
     override it) (API server process)
 Upstream: no fix yet; the behaviour is measured by tests/e2e (a drain shorter than the work).
@@ -38,6 +41,12 @@ What goes wrong upstream, and what this changes:
      requests reached the engine, one line: how many are in flight, the tokens they still need,
      their speed, the time the slowest needs and how many the window will cut
      (``vllm_intel.drain_forecast``), also written for the supervisor's exit line.
+  6. Nothing outside the API server sees every request's end: its /metrics goes away with its
+     HTTP server, so the last sample of it can precede the last ends of a drain.
+     -> From the drain's start, each request's final event in the API server is counted where it
+     happens (the engine's finish or abort, an abort in the API server, an error raised into it)
+     and the counts are rewritten beside the forecast at each one (``drain_forecast.Tally``): the
+     supervisor's exit line and its /metrics say what the clients got.
 """
 
 from __future__ import annotations
@@ -90,6 +99,7 @@ class Admitted:
 
 
 ADMITTED = Admitted()
+TALLY = drain_forecast.Tally()  # how the drain's requests end, from its start (AsyncLLM.shutdown)
 
 
 class StoppedBeforeFinishing(RuntimeError):
@@ -225,6 +235,8 @@ class DrainDeadline(Patch):
         "vllm.v1.engine.async_llm:AsyncLLM.shutdown",
         "vllm.v1.engine.output_processor:OutputProcessor.propagate_error",
         "vllm.v1.engine.output_processor:OutputProcessor.has_unfinished_requests",
+        "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
+        "vllm.v1.engine.output_processor:OutputProcessor.abort_requests",
     )
     tested = ">=0.27.1,<=0.32.0"
 
@@ -245,6 +257,7 @@ class DrainDeadline(Patch):
     def _apply(self) -> None:
         self._abort_before_the_deadline()
         self._wait_forecast_and_end_leftovers()
+        self._count_every_end()
         self._refuse_while_draining()
 
     def _abort_before_the_deadline(self) -> None:
@@ -289,6 +302,9 @@ class DrainDeadline(Patch):
 
         def shutdown(self, *args, **kwargs):
             DRAINING.set()
+            processor = getattr(self, "output_processor", None)
+            if processor is not None:
+                TALLY.begin(processor.request_states)
             timeout = getattr(getattr(self, "vllm_config", None), "shutdown_timeout", 0) or 0
             if timeout > 0 and len(ADMITTED):
                 t0 = time.monotonic()
@@ -303,15 +319,49 @@ class DrainDeadline(Patch):
             # the first call's, at the start of the drain.
             if timeout > 0 and not getattr(self, "_intel_forecast_done", False):
                 self._intel_forecast_done = True
-                report_forecast(getattr(self, "output_processor", None), timeout)
+                report_forecast(processor, timeout)
             handler = getattr(self, "output_handler", None)
             loop = handler.get_loop() if handler is not None else None
             try:
                 return orig_shutdown(self, *args, **kwargs)
             finally:
-                end_leftovers(getattr(self, "output_processor", None), loop)
+                end_leftovers(processor, loop)
 
         self._replace(AsyncLLM, "shutdown", shutdown)
+
+    def _count_every_end(self) -> None:
+        """From the drain's start, each request's final event in the API server goes to TALLY:
+        the engine's end of it (its last finish reason, once the output processor freed it), an
+        abort in the API server (a client gone: its ids, children of a parent included) and an
+        error raised into every request vLLM still holds."""
+        from vllm.v1.engine import FinishReason
+        from vllm.v1.engine.output_processor import OutputProcessor
+
+        how = {FinishReason.ABORT: "aborted", FinishReason.ERROR: "failed"}
+        orig_finished = OutputProcessor._update_stats_from_finished
+        orig_abort = OutputProcessor.abort_requests
+        orig_error = OutputProcessor.propagate_error
+
+        def _update_stats_from_finished(self, req_state, finish_reason, *args, **kwargs):
+            if TALLY.counting:
+                ended = how.get(finish_reason, "finished")
+                TALLY.end([req_state.request_id], ended, self.request_states)
+            return orig_finished(self, req_state, finish_reason, *args, **kwargs)
+
+        def abort_requests(self, *args, **kwargs):
+            aborted = orig_abort(self, *args, **kwargs)
+            if TALLY.counting and aborted:
+                TALLY.end(aborted, "aborted", self.request_states)
+            return aborted
+
+        def propagate_error(self, *args, **kwargs):
+            if TALLY.counting:
+                TALLY.end(list(self.request_states), "failed", self.request_states)
+            return orig_error(self, *args, **kwargs)
+
+        self._replace(OutputProcessor, "_update_stats_from_finished", _update_stats_from_finished)
+        self._replace(OutputProcessor, "abort_requests", abort_requests)
+        self._replace(OutputProcessor, "propagate_error", propagate_error)
 
     def _refuse_while_draining(self) -> None:
         """Every FastAPI app's middleware stack answers new POSTs 503 once the drain started."""
@@ -330,6 +380,7 @@ class DrainDeadline(Patch):
         super().revert()
         DRAINING.clear()
         ADMITTED.__init__()
+        TALLY.__init__()
 
 
 PATCH = DrainDeadline()

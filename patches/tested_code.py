@@ -51,6 +51,8 @@ TESTED: dict[str, dict[str, dict[str, str | None]]] = {
             "vllm.v1.engine.async_llm:AsyncLLM.shutdown": "df5872c1b4c35b10",
             "vllm.v1.engine.output_processor:OutputProcessor.propagate_error": "4b92a08eb329f844",
             "vllm.v1.engine.output_processor:OutputProcessor.has_unfinished_requests": "c9534557d862841b",
+            "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished": "4604a21811e57a9f",
+            "vllm.v1.engine.output_processor:OutputProcessor.abort_requests": "90899f2e365b7889",
         },
         "0.32.0": {
             "vllm.v1.engine.core:EngineCoreProc._handle_shutdown": "d59a42752a83f421",
@@ -58,6 +60,8 @@ TESTED: dict[str, dict[str, dict[str, str | None]]] = {
             "vllm.v1.engine.async_llm:AsyncLLM.shutdown": "df5872c1b4c35b10",
             "vllm.v1.engine.output_processor:OutputProcessor.propagate_error": "4b92a08eb329f844",
             "vllm.v1.engine.output_processor:OutputProcessor.has_unfinished_requests": "c9534557d862841b",
+            "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished": "4604a21811e57a9f",
+            "vllm.v1.engine.output_processor:OutputProcessor.abort_requests": "9e0c095491beb77f",
         },
     },
     "fast-exit": {

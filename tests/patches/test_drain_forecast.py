@@ -160,3 +160,109 @@ def test_report_samples_twice_without_delaying_the_drain(tmp_path, monkeypatch):
     got = df.read(str(path))
     assert got is not None and (got.in_flight, got.cut, got.cut_at_s) == (1, 1, 3.0)
     assert 80 < got.rate < 101 and 9 < got.need_s < 14
+
+
+# -- how the drain ended: drain-deadline counts each request's final event ------------------------
+
+
+def test_the_tally_counts_each_request_once_by_its_first_end(tmp_path):
+    """Ends before the drain's start are not its; an error raised into a request that already
+    had its end changes nothing (the client got the end); a request that reached vLLM after the
+    start (accepted before it) is in flight too. Each call leaves the counts in the file."""
+    env = {df.FORECAST_ENV: str(tmp_path / "drain-forecast.json")}
+    tally = df.Tally(env)
+    tally.end(["x"], "finished", ["a", "b", "c"])
+    assert df.read_result(env[df.FORECAST_ENV]) is None
+    tally.begin({"a": 1, "b": 2, "c": 3})  # vLLM's request_states
+    assert df.read_result(env[df.FORECAST_ENV]) == df.Result(3, 0, 0, 0, 3)
+    tally.end(["a"], "finished", ["b", "c"])
+    tally.end(["b"], "aborted", ["c"])
+    tally.end(["c"], "failed", ["c"])  # propagate_error: vLLM still holds it
+    tally.end(["c"], "finished", [])  # its end arrives after the error: the error stands
+    tally.end(["d"], "finished", [])
+    got = df.read_result(env[df.FORECAST_ENV])
+    assert got == df.Result(in_flight=4, finished=2, aborted=1, failed=1, open=0)
+    assert got.brief() == "4 in flight at SIGTERM, 2 finished, 1 aborted, 1 failed"
+    tally.begin({})  # vLLM's second shutdown call: the drain's start stays the first one's
+    assert df.read_result(env[df.FORECAST_ENV]) == got
+    assert df.Result(2, 1, 0, 0, 1).brief() == (
+        "2 in flight at SIGTERM, 1 finished, 0 aborted, 1 still running"
+    )
+
+
+def test_every_end_in_vllms_output_processor_is_counted(tmp_path, monkeypatch):
+    """drain-deadline's hooks on vLLM's own OutputProcessor: the engine's finish (length) and
+    abort (the drain deadline's), an abort in the API server (a client gone) and an error raised
+    into what is still open are each counted, from the drain's start only."""
+    import time
+
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+    from vllm.v1.engine.output_processor import OutputProcessor, RequestOutputCollector
+
+    from vllm_intel.patches import drain_deadline as dd
+
+    path = str(tmp_path / "drain-forecast.json")
+    monkeypatch.setattr(dd, "TALLY", df.Tally({df.FORECAST_ENV: path}))
+    processor = OutputProcessor(None, log_stats=False)
+
+    def add(rid):
+        params = SamplingParams(max_tokens=5, detokenize=False, output_kind=RequestOutputKind.DELTA)
+        request = EngineCoreRequest(
+            rid, [1, 2, 3], None, params, None, time.time(), None, None, None, external_req_id=rid
+        )
+        processor.add_request(
+            request, None, None, 0, RequestOutputCollector(params.output_kind, rid)
+        )
+
+    def out(rid, reason=None):
+        return EngineCoreOutput(rid, [7], finish_reason=reason)
+
+    try:
+        dd.PATCH._count_every_end()
+        for rid in ("early", "a", "b", "c", "d", "e"):
+            add(rid)
+        processor.process_outputs([out("early", FinishReason.LENGTH)])  # before the drain
+        dd.TALLY.begin(processor.request_states)  # what AsyncLLM.shutdown does first
+        processor.process_outputs(
+            [out("a", FinishReason.LENGTH), out("b", FinishReason.ABORT), out("c"), out("d")]
+        )
+        assert df.read_result(path) == df.Result(5, 1, 1, 0, 3)
+        processor.abort_requests(["c"], internal=False)
+        processor.propagate_error(RuntimeError("the engine stopped first"))
+        got = df.read_result(path)
+        assert got == df.Result(in_flight=5, finished=1, aborted=2, failed=2, open=0)
+    finally:
+        dd.PATCH.revert()
+    assert OutputProcessor.propagate_error.__module__.startswith("vllm.")  # reverted
+
+
+def test_result_written_then_read_back_beside_the_forecast(tmp_path):
+    forecast = tmp_path / "drain-forecast.json"
+    env = {df.FORECAST_ENV: str(forecast)}
+    df.write(df.Result(3, 2, 1, 0, 0), env)
+    assert df.read_result(str(forecast)) == df.Result(3, 2, 1, 0, 0)
+    own = f"{df.RESULT_PREFIX}{os.getpid()}.json"
+    assert [p.name for p in tmp_path.iterdir()] == [own]  # no temporary left
+    assert df.read(str(forecast)) is None  # a result is not a forecast
+    # --api-server-count 2: each API server process counts its own requests; they add up
+    other = dataclasses.asdict(df.Result(2, 1, 0, 0, 1))
+    (tmp_path / f"{df.RESULT_PREFIX}1.json").write_text(json.dumps(other))
+    assert df.read_result(str(forecast)) == df.Result(5, 3, 1, 0, 1)
+
+
+@pytest.mark.parametrize("kind", ["missing", "symlink", "wrong-keys", "bool", "float", "negative"])
+def test_read_result_refuses_what_is_not_a_result(tmp_path, kind):
+    path = tmp_path / f"{df.RESULT_PREFIX}1.json"
+    good = dataclasses.asdict(df.Result(3, 2, 1, 0, 0))
+    if kind == "symlink":
+        (tmp_path / "real").write_text(json.dumps(good))
+        path.symlink_to(tmp_path / "real")
+    elif kind == "wrong-keys":
+        path.write_text(json.dumps({**good, "cut": 1}))
+    elif kind in ("bool", "float", "negative"):
+        path.write_text(
+            json.dumps({**good, "finished": {"bool": True, "float": 2.0}.get(kind, -1)})
+        )
+    assert df.read_result(str(tmp_path / "drain-forecast.json")) is None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -126,13 +127,17 @@ def test_show_names_the_changed_targets_with_their_diff(default_python):
 
 
 class Index(http.server.BaseHTTPRequestHandler):
-    """A package index's JSON page for vllm (PEP 691), listing ``versions``."""
+    """A package index's JSON page for vllm (PEP 691), listing ``versions``; or, with ``answer``
+    set, that (status, raw body) instead."""
 
     versions: list[str] = []
+    answer: tuple[int, bytes] | None = None
 
     def do_GET(self):  # noqa: N802 (http.server's name)
         body = json.dumps({"name": "vllm", "versions": self.versions, "files": []}).encode()
-        self.send_response(200 if self.path == "/simple/vllm/" else 404)
+        status = 200 if self.path == "/simple/vllm/" else 404
+        status, body = self.answer or (status, body)
+        self.send_response(status)
         self.send_header("content-type", "application/vnd.pypi.simple.v1+json")
         self.end_headers()
         self.wfile.write(body)
@@ -143,7 +148,7 @@ class Index(http.server.BaseHTTPRequestHandler):
 
 def test_the_scheduled_step_fails_naming_a_newer_release():
     """.buildkite/steps/upstream-watch.sh against a package index on loopback: quiet while the
-    table's newest is upstream's newest, exit 1 naming the command once a newer one is out."""
+    table's newest is upstream's newest, exit 3 naming the command once a newer one is out."""
     newest = TOOL.known_releases()[-1]
     major, minor, _ = newest.split(".")
     newer = f"{major}.{int(minor) + 1}.0"
@@ -160,9 +165,59 @@ def test_the_scheduled_step_fails_naming_a_newer_release():
         late = subprocess.run(step, env=env, capture_output=True, text=True, timeout=60)
     finally:
         server.shutdown()
-    assert late.returncode == 1, late.stderr
+    assert late.returncode == TOOL.NEWER == 3, late.stderr
     assert f"vLLM {newer} is out (the recipe table's newest is {newest})" in late.stderr
     assert f"make upstream-release V={newer}" in late.stderr
+    scripts_run.ran(".buildkite/steps/upstream-watch.sh")
+
+
+def watch_step(answer: tuple[int, bytes] | None, url: str | None = None):
+    """The scheduled step against an index on loopback giving `answer` (or at `url`)."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Index)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    env = dict(os.environ, PIP_INDEX_URL=url or f"http://127.0.0.1:{server.server_port}/simple")
+    Index.answer = answer
+    try:
+        step = [str(ROOT / ".buildkite" / "steps" / "upstream-watch.sh")]
+        return subprocess.run(step, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        Index.answer = None
+        server.shutdown()
+        server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # nothing listens there once closed
+
+
+NEWER = b'{"versions": ["99.0.0"]}'  # a newer release, without the table's newest
+UNASKED = {
+    "unreachable": None,
+    "HTTP 500": (500, b"{}"),
+    "HTTP 404": (404, b""),
+    "not JSON": (200, b"<html>rate limited</html>"),
+    "a JSON list": (200, b"[]"),
+    "no versions (PEP 691 without PEP 700)": (200, b'{"name": "vllm", "files": []}'),
+    "versions as a string": (200, b'{"versions": "99.0.0"}'),
+    "versions not strings": (200, b'{"versions": [99, 100]}'),
+    "nested past the parser": (200, b"[" * 100_000),
+    "not listing the table's newest": (200, NEWER),
+}
+
+
+@pytest.mark.parametrize("case", UNASKED)
+def test_an_index_that_cannot_be_asked_fails_the_step_as_no_release(case):
+    """Exit 75 (Buildkite retries it), one line naming the index: never the release's exit 3
+    (before: a traceback and exit 1, the release's code then)."""
+    url = f"http://127.0.0.1:{closed_port()}/simple" if case == "unreachable" else None
+    r = watch_step(UNASKED[case], url)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == TOOL.UNASKED == 75, (r.returncode, r.stderr)
+    assert len(lines) == 1 and "could not ask the package index" in lines[0], r.stderr
+    assert lines[0].endswith("no release is implied") and "is out" not in r.stderr
+    assert "Traceback" not in r.stderr and not r.stdout
     scripts_run.ran(".buildkite/steps/upstream-watch.sh")
 
 
@@ -192,3 +247,49 @@ def test_the_release_command_reproduces_the_newest_row(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "taken from the index's JSON" not in out.stderr or newest in out.stderr
     assert tomllib.loads(out.stdout)["release"][newest] == shipped["release"][newest]
+
+
+def fake_venv(tmp_path):
+    """A VENV whose python records each argv (fields split by \\x1f) and does nothing else."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(f"#!/bin/sh\nprintf '%s\\037' \"$@\" >> {venv}/calls\necho >> {venv}/calls\n")
+    python.chmod(0o755)
+    return venv
+
+
+def make_upstream_release(venv, v: str):
+    return subprocess.run(
+        ["make", "--no-print-directory", "upstream-release", f"V={v}", f"VENV={venv}"],
+        cwd=ROOT,
+        env=dict(os.environ, MAKEFLAGS=""),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize(
+    "v",
+    ["0.35.0; touch {x}", "0.35.0 && touch {x}", "$(shell touch {x})", "0.35.0'; touch {x}; '",
+     '0.35.0"; touch {x}; "', "`touch {x}`", "0.35.0\ntouch {x}", "", "-h", "../0.35.0"],
+)  # fmt: skip
+def test_make_upstream_release_refuses_v_that_is_no_release_number(tmp_path, v):
+    """Checked before `setup` and before any shell or make expansion sees it: nothing runs."""
+    venv, x = fake_venv(tmp_path), tmp_path / "pwned"
+    r = make_upstream_release(venv, v.format(x=x))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr  # make's own status when a recipe fails
+    assert len(lines) == 2 and lines[1].endswith("Error 64"), r.stderr
+    assert lines[0].startswith("make upstream-release: V=") and "not a vLLM release" in lines[0]
+    assert not x.exists() and not (venv / "calls").exists() and not r.stdout
+
+
+@pytest.mark.parametrize("v", ["0.35.0", "0.35.1rc1", "0.35.0.post1", "1.0"])
+def test_make_upstream_release_passes_a_release_number_as_one_argument(tmp_path, v):
+    venv = fake_venv(tmp_path)
+    r = make_upstream_release(venv, v)
+    assert r.returncode == 0, r.stderr
+    calls = (venv / "calls").read_text().splitlines()
+    assert calls[-1] == "\x1f".join(["tools/upstream_release.py", "show", v, ""]), calls

@@ -19,6 +19,21 @@ FAKE = pathlib.Path(__file__).resolve().parent / "fake_vllm"
 SIGTERM = signal.SIGTERM  # a default in Run, whose own `signal` method hides the module
 
 
+def fake_answers(port: int, path: str = "/health") -> bool:
+    """GET `path` on the fake vLLM's --port got an HTTP answer, whatever its status."""
+    import urllib.error
+    import urllib.request
+
+    direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        direct.open(f"http://127.0.0.1:{port}{path}", timeout=1).close()
+    except urllib.error.HTTPError:
+        pass
+    except OSError:
+        return False
+    return True
+
+
 class Run:
     def __init__(self, tmp: pathlib.Path, env: dict[str, str], args: list[str] | None = None):
         self.tmp = tmp
@@ -52,6 +67,11 @@ class Run:
                 raise AssertionError(f"entrypoint exited early:\n{self.proc.stdout.read()}")
             time.sleep(0.05)
         raise AssertionError("condition not reached in time")
+
+    def fake_answers(self, path: str = "/health") -> bool:
+        """The fake vLLM's HTTP server answered GET `path` with any status. It starts after the
+        fake's signal handlers are installed: from then on a signal reaches its handler."""
+        return fake_answers(self.port, path)
 
     def state(self) -> str | None:
         import json

@@ -138,6 +138,45 @@ def test_a_drain_is_visible_while_it_runs_and_its_outcome_after_vllms_exit(run):
     assert time.monotonic() - t0 < 3.5, out
 
 
+def test_the_drain_counts_are_vllms_own_where_it_wrote_them(run, tmp_path):
+    """vLLM's API server writes how each request of the drain ended into the run directory (here
+    the test writes it, as drain-deadline does at each end); the exit line and the probe port's
+    drain series give those counts, not the /metrics samples: the fake vLLM's /metrics counts 3
+    running to its end and no finish, as a last sample taken before the last ends would."""
+    from vllm_intel import drain_forecast
+
+    port = free_port()
+    r = run(
+        {
+            "INTEL_VLLM_PROBE_PORT": str(port),
+            "FAKE_RUNNING": "3",
+            "FAKE_DRAIN": "3",
+            "INTEL_VLLM_METRICS_LINGER_S": "3",
+        }
+    )
+    r.wait_for(lambda: r.state() == "SERVING")
+    (run_dir,) = tmp_path.glob("vllm-intel-run-*")
+    env = {drain_forecast.FORECAST_ENV: str(run_dir / "drain-forecast.json")}
+    r.signal(signal.SIGTERM)
+    r.wait_for(lambda: r.state() == "DRAINING")
+    drain_forecast.write(drain_forecast.Result(3, 2, 1, 0, 0), env)
+
+    def outcomes():
+        return {o: value(scrape(port), "vllm_intel_drains_total", outcome=o) for o in m.OUTCOMES}
+
+    r.wait_for(lambda: sum(outcomes().values()) == 1)  # vLLM exited: the linger's last scrape
+    assert outcomes()["cut"] == 1  # the abort
+    after = scrape(port)
+    assert value(after, "vllm_intel_drain_in_flight_requests") == 3
+    assert value(after, "vllm_intel_drain_finished_requests") == 2
+    assert value(after, "vllm_intel_drain_aborted_requests") == 1
+    code, out, _ = r.finish()
+    assert code == 0, out
+    assert (
+        "; 3 in flight at SIGTERM, 2 finished, 1 aborted (as counted by vLLM's API server)" in out
+    ), out
+
+
 def test_a_second_signal_ends_the_linger_at_once(run):
     port = free_port()
     r = run(

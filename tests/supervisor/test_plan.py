@@ -48,8 +48,10 @@ def test_kv_cache_is_the_memory_limit_less_what_else_vllm_holds():
     # 16 GiB - 10 % headroom - weights 1 GiB - runtime (2 + 1/2) GiB - shm 400 MiB = 10.5 -> 10
     p = pl.plan(node(8, 4.0, 16 * GiB), ONE, {})
     assert p.kv_gib == 10 and p.env["VLLM_CPU_KVCACHE_SPACE"] == "10"
+    # two workers, each with half the weights and a KV cache of its own: 14.4 - weights 6 - API
+    # server and engine core 1.25 - 2 x (worker 0.75 + 3 / 2) - shm 0.4 = 2.26, 1.13 per worker
     big = Workload(tp=2, pp=1, shm_needed=ONE.shm_needed, weights=6 * GiB)
-    assert pl.plan(node(8, 4.0, 16 * GiB), big, {}).kv_gib == 3  # 14.4 - 6 - 5 - 0.4
+    assert pl.plan(node(8, 4.0, 16 * GiB), big, {}).kv_gib == 1
     assert pl.plan(node(8, 4.0, 16 * GiB), big, {}).omp_threads == 2  # 4 CPUs, 2 workers
     # not a local directory: weights unknown, the base allowance alone
     hub = Workload(tp=1, pp=1, shm_needed=ONE.shm_needed, weights=None)
@@ -166,3 +168,40 @@ def test_find_takes_the_system_tcmalloc_else_vllms_bundled_copy(tmp_path):
     assert runtime.find(str(venv), (str(system),), bundled).tcmalloc == str(
         system / runtime.TCMALLOC
     )
+
+
+def test_every_process_vllm_starts_is_counted_from_its_flags(tmp_path):
+    """Workers = DP x TP x PP, an engine core per data-parallel rank, API servers as vLLM
+    defaults them (one per rank); each worker its own KV cache, its share of the weights."""
+    from vllm_intel.supervisor import workload as wl
+
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"\0" * (4 * MiB))
+    work = wl.workload(["--tensor-parallel-size", "2", "--data-parallel-size", "2"], str(model), {})
+    assert (work.workers, work.dp, work.api_servers) == (4, 2, 2)
+    one = wl.workload(["--tensor-parallel-size", "2"], str(model), {})
+    assert work.shm_needed == 2 * one.shm_needed  # an executor's queues per rank
+    api, engine, worker = pl.processes(work, 3)
+    assert (api.count, engine.count, worker.count) == (2, 2, 4)
+    assert worker.kv == 3 * GiB and worker.weights == 2 * MiB  # half the weights: TP 2
+    assert wl.workload(["--api-server-count", "3"], str(model), {}).api_servers == 3
+    # 4 workers of 1 GiB where 1 would fit: refused naming the limit, and one worker
+    with pytest.raises(ConfigError, match=r"x 4 workers .* to at least 10 GiB; or run one worker"):
+        pl.plan(node(8, None, 5 * GiB), Workload(4, 1, 0, None), {})
+
+
+@pytest.mark.parametrize(
+    "value, fits", [("1G", True), ("2147483648", True), ("3.5G", False), ("4g", False)]
+)
+def test_your_kv_cache_flag_is_kept_and_checked_per_worker(value, fits):
+    """--kv-cache-memory-bytes is yours: the plan sets no VLLM_CPU_KVCACHE_SPACE, which would
+    override it inside vLLM, and every worker's copy of it must fit the limit."""
+    work = Workload(2, 1, 0, None, kv_flag=value)
+    if fits:
+        p = pl.plan(node(8, None, 8 * GiB), work, {})
+        assert "VLLM_CPU_KVCACHE_SPACE" not in p.env and p.kv_gib is None, p.line()
+        assert f"--kv-cache-memory-bytes {value} per worker x 2 workers (yours)" in p.line()
+    else:
+        with pytest.raises(ConfigError, match=f"--kv-cache-memory-bytes {value} per worker"):
+            pl.plan(node(8, None, 8 * GiB), work, {})

@@ -34,11 +34,13 @@ def received_at(out: str, sig: str) -> float:
         signal.SIGRTMIN,
     ],
 )
-def test_other_signals_are_forwarded_to_vllm(run, sig):
-    r = run()
+def test_other_signals_are_forwarded_to_vllm(run, tmp_path, sig):
+    said = tmp_path / "fake.log"
+    r = run({"FAKE_LOG": str(said)})
     r.wait_for(lambda: r.state() == "SERVING")
     r.signal(sig)
-    time.sleep(0.5)
+    name = signal.Signals(sig).name
+    r.wait_for(lambda: said.exists() and f"got {name}" in said.read_text())
     r.signal(signal.SIGTERM)
     code, out, _ = r.finish()
     assert f"got {signal.Signals(sig).name}" in out
@@ -124,8 +126,7 @@ def test_a_stop_while_starting_reaches_the_group_after_kill_grace(run):
     """Nothing is accepted while starting: if vLLM does not act on SIGTERM (its API server waits
     for the engine core), the group gets SIGTERM after KILL_GRACE, not after the drain."""
     r = run({"FAKE_ON_TERM": "ignore", "FAKE_READY_AFTER": "600", "INTEL_VLLM_DRAIN_TIMEOUT": "5"})
-    r.wait_for(lambda: r.state() == "STARTING")
-    time.sleep(0.3)
+    r.wait_for(lambda: r.state() == "STARTING" and r.fake_answers())
     t0 = time.monotonic()
     r.signal(signal.SIGTERM)
     code, out, _ = r.finish()
@@ -150,8 +151,7 @@ def test_a_stop_just_after_vllm_became_ready_drains_instead_of_killing_the_group
             "INTEL_VLLM_DRAIN_TIMEOUT": "30",
         }
     )
-    r.wait_for(lambda: r.state() == "STARTING")
-    time.sleep(0.3)
+    r.wait_for(lambda: r.state() == "STARTING" and r.fake_answers("/metrics"))
     t0 = time.monotonic()
     r.signal(signal.SIGTERM)
     code, out, _ = r.finish()

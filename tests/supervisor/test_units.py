@@ -8,6 +8,7 @@ import signal
 
 import pytest
 
+from vllm_intel import drain_forecast
 from vllm_intel.supervisor import errors, janitor, loop, observe, paths, probes, settings, timing
 from vllm_intel.supervisor.errors import ConfigError, Exit
 
@@ -158,11 +159,17 @@ def test_observer_summary_is_relative_to_the_drain():
     obs.last = dict(obs.at_drain, running=0.0, waiting=1.0, finished=19.0, aborted=3.0)
     assert obs.summary() == (
         "; 6 in flight at SIGTERM, 5 finished, 1 aborted, 1 still running "
-        "(as last seen in /metrics)"
+        "(as last seen in /metrics; no count from vLLM's API server)"
     )
     obs.last_at = 100.0  # a sample can precede the drain's end: the line says by how much
     assert obs.summary(exited_at=100.43).endswith(
-        "1 still running (as last seen in /metrics, 0.4 s before vLLM exited)"
+        "1 still running (as last seen in /metrics, 0.4 s before vLLM exited; "
+        "no count from vLLM's API server)"
+    )
+    # vLLM's API server counted every end itself: its counts, not the samples
+    counted = drain_forecast.Result(in_flight=6, finished=6, aborted=0, failed=0, open=0)
+    assert obs.summary(exited_at=100.43, counted=counted) == (
+        "; 6 in flight at SIGTERM, 6 finished, 0 aborted (as counted by vLLM's API server)"
     )
 
 

@@ -27,7 +27,8 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
     # vLLM's sockets, inductor's scratch files and vllm_dist_* files land here and go with it.
     env["TMPDIR"] = str(run_dir)
     env["VLLM_RPC_BASE_PATH"] = str(run_dir)
-    # Where drain-deadline leaves its drain forecast for the exit line (nobody else's file).
+    # Where drain-deadline leaves its drain forecast, and beside it each API server's counts of
+    # the drain's ends, for the exit line (nobody else's files).
     env[drain_forecast.FORECAST_ENV] = str(run_dir / "drain-forecast.json")
     # Where each vLLM process's plugin leaves its patch states and start-up phases (reports.py).
     env[startup_phases.DIR_ENV] = str(run_dir)
@@ -143,11 +144,11 @@ def supervise(
     from .relay import Relay
     from .reports import RunReports
 
-    tmp = pathlib.Path(tempfile.gettempdir())
-    with janitor.run_dir(tmp, paths.shm_dir()) as run:
+    tmp, shm = pathlib.Path(tempfile.gettempdir()), paths.shm_dir()
+    # The /dev/shm preflight after the sweep (a dead run's segments no longer count), before
+    # the run's claim there (run_dir: a shm_dir it cannot write is one line too).
+    with janitor.run_dir(tmp, shm, lambda: workload.check_shm(shm, plan.shm_needed)) as run:
         check_stop("the leftover sweep")
-        # After the sweep (a dead run's segments no longer count), before anything starts.
-        workload.check_shm(paths.shm_dir(), plan.shm_needed)
         settings.check_port(cfg.host, cfg.port)
         log(plan.line(), event="plan")
         env = child_env(run.path, plan.env)

@@ -14,7 +14,11 @@ where one cannot be had (another architecture, sliding windows, overrides) nothi
   without RoPE scaling factors, which only raise it;
 - per token: K and V of every full-attention layer, 2 bytes each (1 with an fp8 KV cache), the
   KV heads a worker holds under tensor parallelism and the layers under pipeline parallelism
-  rounded down; vLLM's block rounding and the block it holds back only add to it.
+  rounded down; vLLM's block rounding and the block it holds back only add to it;
+- a field of another type than vLLM's config takes (a list, a string, null, true, a float, a
+  number past int64) leaves the context unknown: vLLM then refuses the model itself, or reads
+  the value in a way not modelled here (true or 2048.0 as a length key is a length of 1 or 2048
+  to its min()).
 tests/supervisor/test_context.py holds the bound against vLLM's own check on its real classes.
 """
 
@@ -30,8 +34,9 @@ from .limits import GiB
 from .vllm_args import PRESENCE_ONLY
 
 # Decoder-only models whose every layer attends to the whole context (unless their config says
-# otherwise: sliding windows and layer types are checked below).
-FULL_ATTENTION = frozenset({"llama", "qwen2", "qwen3", "mistral"})
+# otherwise: sliding windows and layer types are checked below). A tuple: `in` compares, and a
+# model_type may be a list or a mapping, which a set cannot hash.
+FULL_ATTENTION = ("llama", "qwen2", "qwen3", "mistral")
 # vllm/transformers_utils/model_arch_config_convertor.py, derive_max_model_len_and_key
 LENGTH_KEYS = (
     "max_position_embeddings",
@@ -46,6 +51,7 @@ LENGTH_KEYS = (
 )
 MAX_CONFIG_BYTES = 1 << 20
 ROUND = 1024  # the --max-model-len suggested is a multiple of it (of 16 below it)
+MAX_SIZE = 2**63 - 1  # int64: no length or shape vLLM allocates is larger; past it, unknown
 
 
 @dataclass(frozen=True)
@@ -112,32 +118,18 @@ def context(found, path: Path | None) -> Context | None:
         "use_sliding_window" not in cfg and cfg.get("sliding_window") is not None
     ):
         return None
-    if any(t != "full_attention" for t in cfg.get("layer_types") or []):
+    types = cfg.get("layer_types")
+    if types is not None and (
+        not isinstance(types, list) or any(t != "full_attention" for t in types)
+    ):
         return None
-    ints = [cfg.get(k) for k in ("num_hidden_layers", "num_attention_heads", "hidden_size")]
-    if not all(_positive(v) for v in ints):
+    shape = _shape(cfg)
+    length = None if shape is None else _length(found, cfg, path)
+    if length is None:
         return None
-    layers, heads, hidden = ints
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    if not (_positive(kv_heads) and _positive(head_dim)):
-        return None
+    (layers, kv_heads, head_dim), (tokens, source) = shape, length
     tp = found.tensor_parallel_size or 1
     pp = found.pipeline_parallel_size or 1
-    given = max_model_len(found.max_model_len)
-    if given is not None:
-        tokens, source = given, "--max-model-len"
-    elif found.max_model_len is not None:
-        return None  # auto, or a value vLLM refuses itself
-    else:
-        lengths = {k: cfg[k] for k in LENGTH_KEYS if _positive(cfg.get(k))}
-        if "max_position_embeddings" not in lengths:
-            return None  # transformers' class default would apply, not known here
-        key = min(lengths, key=lengths.get)
-        tokens, source = lengths[key], f"config.json {key}"
-        tok = _json(path / "tokenizer_config.json") or {}
-        if _positive(tok.get("model_max_length")) and tok["model_max_length"] < tokens:
-            tokens, source = int(tok["model_max_length"]), "tokenizer_config.json model_max_length"
     fp8 = "fp8" in (found.kv_cache_dtype or "")
     return Context(
         tokens=tokens,
@@ -149,8 +141,50 @@ def context(found, path: Path | None) -> Context | None:
     )
 
 
-def _positive(value) -> bool:
-    return type(value) is int and value > 0
+def _shape(cfg: dict) -> tuple[int, int, int] | None:
+    """(layers, KV heads, head size) as vLLM's config holds them, or None (not known here)."""
+    names = ("num_hidden_layers", "num_attention_heads", "hidden_size")
+    layers, heads, hidden = (cfg.get(k) for k in names)
+    if not (_size(layers) and _size(heads) and _size(hidden)):
+        return None
+    kv_heads = cfg.get("num_key_value_heads")
+    kv_heads = heads if kv_heads is None else kv_heads  # a 0 is not null: 1 per worker to vLLM
+    head_dim = cfg.get("head_dim") or hidden // heads
+    return (layers, kv_heads, head_dim) if _size(kv_heads) and _size(head_dim) else None
+
+
+def _length(found, cfg: dict, path: Path) -> tuple[int, str] | None:
+    """(max_model_len's lower bound, where it comes from), or None (not known here)."""
+    given = max_model_len(found.max_model_len)
+    if given is not None:
+        return given, "--max-model-len"
+    if found.max_model_len is not None:
+        return None  # auto, or a value vLLM refuses itself
+    if not _size(cfg.get("max_position_embeddings")):
+        return None  # transformers' class default would apply, not known here
+    lengths = {f"config.json {k}": cfg.get(k) for k in LENGTH_KEYS}
+    tok = _json(path / "tokenizer_config.json") or {}
+    lengths["tokenizer_config.json model_max_length"] = tok.get("model_max_length")
+    return _smallest(lengths)
+
+
+def _smallest(lengths: dict) -> tuple[int, str] | None:
+    """vLLM's min() over the lengths given (null: not given), or None where a value that is not
+    a whole number could be below the others: min() takes true as 1 and 2048.0 as 2048, and fails
+    on a string; a float above them (1e30, NaN) it never picks."""
+    whole = {k: v for k, v in lengths.items() if type(v) is int and v > 0}
+    if not whole:
+        return None
+    key = min(whole, key=whole.get)
+    tokens = whole[key]
+    if not all(v is None or type(v) in (int, float) and not v < tokens for v in lengths.values()):
+        return None
+    return (tokens, key) if _size(tokens) else None
+
+
+def _size(value) -> bool:
+    """A positive int of at most MAX_SIZE (true is an int to Python, not to vLLM's config)."""
+    return type(value) is int and 0 < value <= MAX_SIZE
 
 
 def _json(path) -> dict | None:

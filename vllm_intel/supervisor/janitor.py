@@ -37,14 +37,15 @@ import stat
 import tempfile
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterable
 
 import psutil
 
-from .errors import load_json
+from .errors import ConfigError, load_json
 from .extension import Extension
 from .log import log
-from .paths import RUN_DIR_PREFIX
+from .paths import DIR_FLAGS, RUN_DIR_PREFIX, open_state_dir, shm_not_writable
 from .timing import TICK_S
 
 # Intel OpenMP's registration of each process that loads it (libiomp5: `__KMP_REGISTERED_LIB_<pid>_
@@ -114,7 +115,11 @@ def files_in_use(processes: Iterable[psutil.Process] | None = None) -> set[tuple
 
 
 def vllm_entries(shm_dir: pathlib.Path) -> list[pathlib.Path]:
-    return sorted(p for p in shm_dir.iterdir() if is_vllm_shm(p.name)) if shm_dir.is_dir() else []
+    """The vLLM entries in shm_dir; none in one we may not list (another user's)."""
+    try:
+        return sorted(p for p in shm_dir.iterdir() if is_vllm_shm(p.name))
+    except OSError:
+        return []
 
 
 def registered_by(name: str, pids: set[str]) -> bool:
@@ -167,15 +172,22 @@ def open_own(path: pathlib.Path, flags: int = os.O_RDWR) -> int | None:
     return None
 
 
-def create_locked(path: pathlib.Path, content: bytes = b"") -> int:
-    """Create `path` already locked: written and locked under a temporary name, then renamed, so
-    a concurrent sweep never finds it unlocked."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}")
-    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    os.fchmod(fd, 0o600)  # whatever the umask: a sweep trusts only mode 0600 (is_ours)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    os.write(fd, content)
-    os.rename(tmp, path)
+def create_locked(path: pathlib.Path, content: bytes = b"", dir_fd: int | None = None) -> int:
+    """Create `path` (a name in directory `dir_fd` if given) already locked: written and locked
+    under a temporary name, then renamed, so a concurrent sweep never finds it unlocked. On
+    failure (a full or read-only file system) nothing is left."""
+    tmp = str(path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}"))
+    fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask: a sweep trusts only mode 0600 (is_ours)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, content)
+        os.rename(tmp, path, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
     return fd
 
 
@@ -444,32 +456,38 @@ def mount_points(mountinfo: pathlib.Path = MOUNTINFO) -> set[str]:
 
 
 def remove_tree(path: pathlib.Path, mounts: set[str] | None = None) -> bool:
-    """rm -r --one-file-system of a directory of ours, through directory fds (nothing swapped
-    for a symlink meanwhile is followed). Never enters a mount point (a bind mount: the user's
-    files), another file system, a symlink, or a directory another user owns: those are left,
-    and so their parents. True when `path` is gone."""
-    mounts = mount_points() if mounts is None else mounts
+    """remove_dir of the directory at `path`, never through a symlink there. True when it is gone."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, DIR_FLAGS | os.O_NOFOLLOW)
     except OSError:
         return False
     try:
-        st = os.fstat(fd)
-        where = os.path.realpath(path)  # as mountinfo names it
-        if st.st_uid != os.geteuid() or where in mounts:
-            return False
-        emptied = _empty_dir(fd, where, st.st_dev, mounts)
-    except OSError:  # EMFILE, EIO, ...: what is left is a dead run's, the next start sweeps it
-        return False
+        return remove_dir(fd, path, mounts)
     finally:
         os.close(fd)
+
+
+def remove_dir(fd: int, path: pathlib.Path, mounts: set[str] | None = None) -> bool:
+    """rm -r --one-file-system of directory `fd`, ours, through directory fds (nothing swapped
+    for a symlink meanwhile is followed), then rmdir of `path` if that is still this directory.
+    Never enters a mount point (a bind mount: the user's files), another file system, a
+    symlink, or a directory another user owns: those are left, and so their parents. True when
+    the directory is gone."""
+    mounts = mount_points() if mounts is None else mounts
     try:
-        if emptied:
-            os.rmdir(path)
-            return True
-    except OSError:
-        pass
-    return False
+        st = os.fstat(fd)
+        where = os.readlink(f"/proc/self/fd/{fd}")  # where it is now, as mountinfo names it
+        if st.st_uid != os.geteuid() or where in mounts:
+            return False
+        if not _empty_dir(fd, where, st.st_dev, mounts):
+            return False
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino):
+            return False  # moved away: emptied, and what `path` names now is not ours
+        os.rmdir(path)
+        return True
+    except OSError:  # EMFILE, EIO, ...: what is left is a dead run's, the next start sweeps it
+        return False
 
 
 def _empty_dir(fd: int, where: str, dev: int, mounts: set[str]) -> bool:
@@ -524,25 +542,59 @@ class Run(Extension):
 
 
 @contextlib.contextmanager
-def run_dir(tmp_dir: pathlib.Path, shm_dir: pathlib.Path):
-    """One run: sweeps dead runs' leftovers, makes and locks the run directory and the claim; on
-    exit (every process of the run gone) removes what the run claimed and its directory."""
+def run_dir(
+    tmp_dir: pathlib.Path, shm_dir: pathlib.Path, preflight: Callable[[], None] | None = None
+):
+    """One run: sweeps dead runs' leftovers, runs `preflight` (the caller's checks, with dead
+    runs' leftovers gone), makes and locks the run directory and the claim; on exit (every
+    process of the run gone) removes what the run claimed and its directory. The directory is
+    reached through its fd, opened here: it, or TMPDIR, swapped for a symlink meanwhile redirects
+    no write of ours and no removal. ConfigError when shm_dir cannot be written: nothing is left
+    then."""
     found = sweep(shm_dir, tmp_dir)
     report(found)
-    path = pathlib.Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=tmp_dir))
-    lock_fd = create_locked(path / LOCK_FILE)
-    run = Run(path, Claim(shm_dir, path) if shm_dir.is_dir() else None, shm_dir)
-    run.swept = len(found.removed)
+    if preflight is not None:
+        preflight()
+    path, fd = make_run_dir(tmp_dir)
+    lock_fd = None
     try:
-        yield run
+        lock_fd = create_locked(pathlib.Path(LOCK_FILE), dir_fd=fd)
+        run = Run(path, claim_in(shm_dir, path), shm_dir)
+        run.swept = len(found.removed)
+        try:
+            yield run
+        finally:
+            if run.claim is not None:
+                removed = run.claim.release()
+                if removed:
+                    log(f"removed {len(removed)} shared memory leftover(s) of this run")
     finally:
-        if run.claim is not None:
-            removed = run.claim.release()
-            if removed:
-                log(f"removed {len(removed)} shared memory leftover(s) of this run")
-        # mkdtemp made it, so it is ours; nothing mounted in it or not ours is entered.
-        remove_tree(path)
-        os.close(lock_fd)
+        # made here, so it is ours; nothing mounted in it or not ours is entered.
+        remove_dir(fd, path)
+        if lock_fd is not None:
+            os.close(lock_fd)
+        os.close(fd)
+
+
+def make_run_dir(tmp_dir: pathlib.Path) -> tuple[pathlib.Path, int]:
+    """A new run directory (mode 0700) in tmp_dir, and its fd."""
+    path = pathlib.Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX, dir=tmp_dir))
+    try:
+        return path, os.open(path, DIR_FLAGS | os.O_NOFOLLOW)
+    except OSError:
+        os.rmdir(path)
+        raise
+
+
+def claim_in(shm_dir: pathlib.Path, run_dir: pathlib.Path) -> Claim | None:
+    """The run's claim in shm_dir; None without a shm_dir (nothing there to claim). ConfigError
+    when it cannot be written (read-only, full, another user's): vLLM could not either."""
+    if not shm_dir.is_dir():
+        return None
+    try:
+        return Claim(shm_dir, run_dir)
+    except OSError as e:
+        raise ConfigError(shm_not_writable(shm_dir, e)) from None
 
 
 def report(found: Sweep) -> None:
@@ -565,34 +617,48 @@ def report(found: Sweep) -> None:
 # ---------------------------------------------------------------------------------- the state file
 
 
-def write_private(path: pathlib.Path, content: bytes) -> tuple[int, int, int]:
-    """Replace `path` by a new mode-0600 file holding `content`; what identifies that file (see
-    unlink_if_written). Written under a name mkstemp picks (O_EXCL: never through a planted
-    symlink), then renamed over `path`, which replaces a symlink there instead of following it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(content)
-            f.flush()
-            os.replace(tmp, path)
-            st = os.fstat(f.fileno())  # after the rename, which changes its ctime
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return (st.st_dev, st.st_ino, st.st_ctime_ns)
+class StateFile:
+    """The state file, reached through its directory's fd alone (paths.open_state_dir, opened
+    here, once): a directory swapped for a symlink while the server runs redirects neither a
+    write nor the unlink at exit to what the link points at."""
 
+    def __init__(self, path: pathlib.Path):
+        self.path = path  # for messages
+        self.dir_fd = open_state_dir(path.parent)
+        weakref.finalize(self, os.close, self.dir_fd)
+        self.written: tuple[int, int, int] | None = None  # what identifies our last write
 
-def unlink_if_written(path: pathlib.Path, written: tuple[int, int, int] | None) -> bool:
-    """Unlink `path` only if it is still the regular file we wrote: a user may have put something
-    of their own there since. The ctime too, as an inode number is reused once its file is gone."""
-    if written is None:
-        return False
-    try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino, st.st_ctime_ns) != written:
+    def write(self, content: bytes) -> None:
+        """Replace the file by a new mode-0600 one holding `content`. Written under a new name
+        (O_EXCL: never through a planted symlink), then renamed over the state file's name,
+        which replaces a symlink there instead of following it."""
+        tmp = f".{self.path.name}.{uuid.uuid4().hex[:8]}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=self.dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.replace(tmp, self.path.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                st = os.fstat(f.fileno())  # after the rename, which changes its ctime
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.dir_fd)
+            raise
+        self.written = (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+    def remove(self) -> bool:
+        """Unlink the file only if it is still the regular file we wrote last: a user may have put
+        something of their own there since. The ctime too, as an inode number is reused once its
+        file is gone."""
+        if self.written is None:
             return False
-        os.unlink(path)
-        return True
-    except OSError:
-        return False
+        try:
+            st = os.stat(self.path.name, dir_fd=self.dir_fd, follow_symlinks=False)
+            same = (st.st_dev, st.st_ino, st.st_ctime_ns) == self.written
+            if not (stat.S_ISREG(st.st_mode) and same):
+                return False
+            os.unlink(self.path.name, dir_fd=self.dir_fd)
+            return True
+        except OSError:
+            return False

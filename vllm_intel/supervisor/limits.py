@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import signal
 from dataclasses import dataclass, field
 
 from .errors import ConfigError, parse_whole
@@ -197,3 +198,53 @@ def read_limits(
     nodes, core_of = _topology(sys_root, cpus)
     cores = len(set(core_of.values()))
     return Limits(kind, tuple(sorted(cpus)), quota, memory, cores, nodes, core_of)
+
+
+def oom_kills(
+    cgroup_root: pathlib.Path = CGROUP_ROOT, self_cgroup: str | None = None
+) -> int | None:
+    """How many processes of this process's cgroup the kernel's OOM killer has killed (v2:
+    memory.events `oom_kill`, which counts the cgroups below it too; v1: memory.oom_control's),
+    None where the kernel does not say. Cheap: one small file."""
+    if self_cgroup is None:
+        self_cgroup = read_text(pathlib.Path("/proc/self/cgroup")) or ""
+    own = own_paths(self_cgroup)
+    if (cgroup_root / "cgroup.controllers").exists():
+        path = walk(cgroup_root, own.get("", ""))[0] / "memory.events"
+    else:
+        path = walk(cgroup_root / "memory", own.get("memory", ""))[0] / "memory.oom_control"
+    for line in (read_text(path) or "").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            return _int(value)
+    return None
+
+
+# Where a memory limit is set: every line that asks for a higher one names these.
+LIMIT_FLAGS = "(docker run --memory, compose mem_limit, k8s limits.memory)"
+OOM_ADVICE = (
+    f"raise the memory limit {LIMIT_FLAGS} or lower VLLM_CPU_KVCACHE_SPACE, --max-model-len or "
+    "--tensor-parallel-size"
+)
+
+
+def oom_cause(before: int | None, returncode: int) -> str:
+    """ "; the kernel's OOM killer killed ..." for the exit line when this cgroup's OOM kills
+    moved since `before` (read at vLLM's spawn), else "". vLLM's returncode -9: its API server
+    was the one killed; any other: one of its other processes (vLLM then exits 1, its engine
+    dead)."""
+    after = oom_kills()
+    if before is None or after is None or after <= before:
+        return ""
+    if returncode == -signal.SIGKILL:
+        who = "vLLM's API server"
+    else:
+        who = "a process of vLLM (engine core / worker)"
+    memory = read_limits().memory
+    if memory is None:
+        limit = "with no memory limit (the host's memory ran out)"
+    elif memory >= GiB:
+        limit = f"at the memory limit of {memory / GiB:.1f} GiB"
+    else:
+        limit = f"at the memory limit of {memory // MiB} MiB"
+    return f"; the kernel's OOM killer killed {who} {limit}: {OOM_ADVICE}"

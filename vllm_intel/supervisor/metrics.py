@@ -26,6 +26,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..drain_forecast import Result
 from . import limits
 from .extension import Extension
 from .reports import RunReports
@@ -158,10 +159,13 @@ GAUGES = {
     "window_s": ("vllm_intel_drain_window_seconds", "The drain window (vLLM's --shutdown-timeout)"),
     "in_flight": (
         "vllm_intel_drain_in_flight_requests",
-        "Requests running or waiting when the drain began (vLLM's /metrics)",
+        "Requests in flight when the drain began (counted by vLLM's API server; else its /metrics)",
     ),
     "finished": ("vllm_intel_drain_finished_requests", "Requests finished since the drain began"),
-    "aborted": ("vllm_intel_drain_aborted_requests", "Requests aborted since the drain began"),
+    "aborted": (
+        "vllm_intel_drain_aborted_requests",
+        "Requests aborted or failed since the drain began",
+    ),
     "forecast_s": (
         "vllm_intel_drain_forecast_seconds",
         "Time the slowest request in flight needs at the drain's own speed (the forecast)",
@@ -238,15 +242,15 @@ class Metrics(Extension):
 
     def on_tick(self, sup) -> None:
         if sup.stop_requested_at is not None:
-            self.drain_progress(sup.observer.at_drain, sup.observer.last, sup.read_forecast())
+            self.drain_progress(drain_counts(sup), sup.read_forecast())
 
     def on_exit(self, sup) -> None:
         """The stop's outcome; then, if requests were drained, the linger for a last scrape."""
         if sup.stop_requested_at is None:
             return
-        self.on_tick(sup)
-        last, first = sup.observer.last, sup.observer.at_drain
-        aborted = None if last is None or first is None else last["aborted"] - first["aborted"]
+        counted = drain_counts(sup)
+        self.drain_progress(counted, sup.read_forecast())
+        aborted = None if counted is None else counted.aborted + counted.failed
         self.drain_s.set((sup.exited_at or time.monotonic()) - sup.stop_requested_at)
         outcome = drain_outcome(
             escalated=sup.escalated, aborted=aborted, was_serving=sup.was_serving
@@ -255,13 +259,13 @@ class Metrics(Extension):
         if self.linger_s and drained_requests(sup):
             sup.linger(sup.time_left(self.linger_s))
 
-    def drain_progress(self, at_drain: dict | None, last: dict | None, forecast) -> None:
-        """From the observer's first and last /metrics samples since the drain began, and the
-        forecast vLLM's API server wrote (drain_forecast.Forecast), as soon as they exist."""
-        if at_drain is not None and last is not None:
-            self.in_flight.set(at_drain["running"] + at_drain["waiting"])
-            self.finished.set(last["finished"] - at_drain["finished"])
-            self.aborted.set(last["aborted"] - at_drain["aborted"])
+    def drain_progress(self, counted: Result | None, forecast) -> None:
+        """From the drain's counts (drain_counts) and the forecast vLLM's API server wrote
+        (drain_forecast.Forecast), as soon as they exist."""
+        if counted is not None:
+            self.in_flight.set(counted.in_flight)
+            self.finished.set(counted.finished)
+            self.aborted.set(counted.aborted + counted.failed)
         if forecast is not None:
             self.forecast_s.set(forecast.need_s if forecast.need_s is not None else float("nan"))
             self.forecast_cut.set(forecast.cut)
@@ -281,9 +285,14 @@ def reference() -> list[tuple[str, str, str]]:
     return rows
 
 
+def drain_counts(sup) -> Result | None:
+    """How the drain's requests ended: as vLLM's API server counted them, else as the observer's
+    /metrics samples tell; None: neither yet."""
+    counted = sup.read_result()
+    return counted if counted is not None else sup.observer.counts()
+
+
 def drained_requests(sup) -> bool:
     """Requests were in flight when the stop came (an idle stop has nothing to report)."""
-    first = sup.observer.at_drain
-    counted = first is not None and first["running"] + first["waiting"] > 0
-    forecast = sup.read_forecast()
-    return counted or bool(forecast and forecast.in_flight)
+    counted, forecast = drain_counts(sup), sup.read_forecast()
+    return bool(counted and counted.in_flight) or bool(forecast and forecast.in_flight)

@@ -20,6 +20,7 @@ BUILTIN_MODELS = (
 RUN_DIR_PREFIX = "vllm-intel-run-"
 # vLLM binds ZeroMQ ipc sockets named by a uuid in the run dir; a unix socket path has 107 bytes.
 MAX_TMPDIR_LEN = 107 - len(RUN_DIR_PREFIX) - 8 - 2 - 36
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def state_file(port: int, env=os.environ) -> pathlib.Path:
@@ -54,10 +55,42 @@ def is_private_dir(path: pathlib.Path) -> bool:
     what make_private_dir makes. `probe` reads a state file only in such a directory (another
     user can plant `vllm-intel-<uid>` in a shared /tmp first)."""
     try:
-        st = os.lstat(path)
+        return is_private(os.lstat(path))
     except OSError:
         return False
+
+
+def is_private(st: os.stat_result) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077
+
+
+def open_state_dir(path: pathlib.Path) -> int:
+    """An fd of the state file's directory, opened once at start: every write and the unlink at
+    exit go through it, so a directory swapped for a symlink meanwhile redirects neither. The
+    default one only as this user's private directory and never through a symlink; a given one
+    (INTEL_VLLM_STATE_FILE, made by check_state_file) through the links its path holds. Raises
+    ConfigError."""
+    private = path == private_dir()
+    try:
+        fd = os.open(path, DIR_FLAGS | (os.O_NOFOLLOW if private else 0))
+    except OSError as e:
+        raise ConfigError(
+            f"cannot open the state file's directory {path}: {e.strerror or e}"
+        ) from None
+    if private and not is_private(os.fstat(fd)):
+        os.close(fd)
+        raise ConfigError(f"{path} is not this user's private directory")
+    return fd
+
+
+def shm_not_writable(shm_dir: pathlib.Path, e: OSError) -> str:
+    """The one line for a shared-memory directory the run cannot write (read-only, full,
+    another user's): vLLM's message queues and workers need one of the container's own."""
+    return (
+        f"{shm_dir} cannot be written ({e.strerror or e}): vLLM keeps its message queues there; "
+        "give the container a writable one of its own: docker run --shm-size=1g (compose: "
+        "shm_size: 1g; Kubernetes: an emptyDir with medium: Memory mounted at /dev/shm)"
+    )
 
 
 STATE_KEYS = frozenset({"state", "pid", "port", "url", "child", "drain"})  # loop.write_state's
@@ -98,6 +131,12 @@ def check_state_file(path: pathlib.Path) -> pathlib.Path:
     why = state_file_problem(path)
     if why:
         raise ConfigError(f"INTEL_VLLM_STATE_FILE {path}: {why}")
+    try:  # here: one that cannot be made is one line, not a probe that never finds the file
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(
+            f"INTEL_VLLM_STATE_FILE {path}: cannot make its directory ({e.strerror or e})"
+        ) from None
     return path
 
 

@@ -27,21 +27,26 @@ static CPU manager). A pin of the plan's own was measured and deleted
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError, parse_whole
-from .limits import GiB, Limits, MiB, format_cpu_list
+from .limits import LIMIT_FLAGS, GiB, Limits, MiB, format_cpu_list
 from .runtime import IOMP, TCMALLOC, TCMALLOC_PACKAGE, Libraries
 from .workload import Workload
 
 PLAN_MODES = ("0", "1")
-# Memory the vLLM processes take besides weights, KV cache and /dev/shm: three Python processes
-# with torch (API server, engine core, worker), inductor's compiled kernels, activations, and a
-# part that grows with the model (it did not stay constant from one model size to the next).
-# The allowance alone must hold what was measured at full KV use on the real shapes
-# (docs/bench.md, "memory"); MEMORY_HEADROOM is for what a measurement did not see.
-RUNTIME_BYTES = 2 * GiB
-RUNTIME_PER_WEIGHT_BYTE = 0.5
+# What each process of a `vllm serve` run holds (processes()), summed over every process, must fit
+# memory.max: vLLM gives each worker its own VLLM_CPU_KVCACHE_SPACE and its share of the
+# weights. Besides those, each process is Python with torch and vLLM imported; a worker also
+# holds inductor's compiled kernels, activations and a part that grows with its weights (it did
+# not stay constant from one model size to the next). The allowances must hold what was measured
+# per process (docs/bench.md, "memory"); MEMORY_HEADROOM is for what a measurement did not see.
+API_SERVER_BYTES = 640 * MiB
+ENGINE_CORE_BYTES = 640 * MiB
+WORKER_BYTES = 768 * MiB
+RUNTIME_PER_WEIGHT_BYTE = 0.5  # of a worker's share of the weights
+RUNTIME_BYTES = API_SERVER_BYTES + ENGINE_CORE_BYTES + WORKER_BYTES  # one of each, no weights
 KV_DEFAULT_GIB = 1  # no memory limit: what the images always used (fits the built-in model)
 MEMORY_HEADROOM = 0.10  # of memory.max, kept free for activation peaks and fragmentation
 PLANNED = (
@@ -150,16 +155,19 @@ class Plan:
         )
 
     def kv_text(self) -> str:
+        each = per_worker(self.work)
         if "VLLM_CPU_KVCACHE_SPACE" in self.yours:
-            return f"{self.yours['VLLM_CPU_KVCACHE_SPACE']} GiB (yours)"
+            return f"{self.yours['VLLM_CPU_KVCACHE_SPACE']} GiB{each} (yours)"
+        if self.work.kv_flag is not None and self.enabled:
+            return f"--kv-cache-memory-bytes {self.work.kv_flag}{each} (yours)"
         if self.kv_gib is None:
             return "vLLM's"
         mem = self.limits.memory
         if mem is None:
-            return f"{self.kv_gib} GiB (no memory limit)"
+            return f"{self.kv_gib} GiB{each} (no memory limit)"
         return (
-            f"{self.kv_gib} GiB of memory.max {mem / GiB:.1f} GiB (after {fixed_text(self.work)}, "
-            f"{MEMORY_HEADROOM:.0%} headroom)"
+            f"{self.kv_gib} GiB{each} of memory.max {mem / GiB:.1f} GiB (after "
+            f"{fixed_text(self.work)}, {MEMORY_HEADROOM:.0%} headroom)"
         )
 
     def line(self) -> str:
@@ -179,29 +187,73 @@ class Plan:
         )
 
 
+@dataclass(frozen=True)
+class Process:
+    """`count` processes of one role, each holding `runtime + weights + kv` bytes."""
+
+    role: str
+    count: int
+    runtime: int
+    weights: int = 0
+    kv: int = 0
+
+    @property
+    def each(self) -> int:
+        return self.runtime + self.weights + self.kv
+
+
+def processes(work: Workload, kv_gib: int) -> tuple[Process, ...]:
+    """Every process vLLM starts for `work` with a KV cache of `kv_gib` GiB per worker."""
+    share = math.ceil((work.weights or 0) / (work.tp * work.pp))  # TP x PP shard; DP copies
+    return (
+        Process("API server", work.api_servers, API_SERVER_BYTES),
+        Process("engine core", work.dp, ENGINE_CORE_BYTES),
+        Process(
+            "worker",
+            work.workers,
+            WORKER_BYTES + math.ceil(share * RUNTIME_PER_WEIGHT_BYTE),
+            share,
+            kv_gib * GiB,
+        ),
+    )
+
+
+def memory_needed(work: Workload, kv_gib: int) -> int:
+    """What all of vLLM's processes and its /dev/shm queues hold, with `kv_gib` GiB per worker."""
+    return sum(p.count * p.each for p in processes(work, kv_gib)) + work.shm_needed
+
+
 def runtime_bytes(work: Workload) -> int:
-    """The runtime allowance for `work`: a base, and more for a bigger local model."""
-    return RUNTIME_BYTES + math.ceil((work.weights or 0) * RUNTIME_PER_WEIGHT_BYTE)
+    """The runtime allowance of all of `work`'s processes: all but weights, KV cache and shm."""
+    return sum(p.count * p.runtime for p in processes(work, 0))
 
 
 def fixed_bytes(work: Workload) -> int:
     """Memory vLLM takes besides the KV cache."""
-    return (work.weights or 0) + runtime_bytes(work) + work.shm_needed
+    return memory_needed(work, 0)
 
 
 def least_memory(work: Workload, kv_gib: int = 1) -> int:
     """The smallest memory limit (bytes, whole MiB) under which the plan gives `work` a KV cache
-    of `kv_gib` GiB: the plan's edge."""
-    need = (fixed_bytes(work) + kv_gib * GiB) / (1 - MEMORY_HEADROOM)
+    of `kv_gib` GiB per worker: the plan's edge."""
+    need = memory_needed(work, kv_gib) / (1 - MEMORY_HEADROOM)
     return math.ceil(need / MiB) * MiB
 
 
 def fixed_text(work: Workload) -> str:
     counted = "" if work.weights is not None else " (not a local dir: not counted)"
+    copies = f" x {work.dp} data-parallel copies" if work.dp > 1 and work.weights else ""
+    who = ", ".join(f"{p.count} {p.role}{'s' if p.count > 1 else ''}" for p in processes(work, 0))
     return (
-        f"weights {(work.weights or 0) / GiB:.1f} GiB{counted}"
-        f" + runtime {runtime_bytes(work) / GiB:.1f} GiB + /dev/shm {work.shm_needed / MiB:.0f} MiB"
+        f"weights {(work.weights or 0) / GiB:.1f} GiB{counted}{copies}"
+        f" + runtime {runtime_bytes(work) / GiB:.1f} GiB ({who})"
+        f" + /dev/shm {work.shm_needed / MiB:.0f} MiB"
     )
+
+
+def per_worker(work: Workload) -> str:
+    """ " per worker x N workers" where vLLM runs several (each allocates its own KV cache)."""
+    return f" per worker x {work.workers} workers" if work.workers > 1 else ""
 
 
 def plan(
@@ -254,7 +306,7 @@ def _threads(limits: Limits, work: Workload, mode: str, yours: dict) -> dict:
     count = max(workers, math.floor(quota))
     if count > len(allowed):
         raise ConfigError(
-            f"{workers} vLLM CPU workers (TP x PP) need {workers} CPUs, the container "
+            f"{workers} vLLM CPU workers (DP x TP x PP) need {workers} CPUs, the container "
             f"allows {len(allowed)}: give it more CPUs or lower --tensor-parallel-size"
         )
     return {"omp_threads": count // workers, "binding": "nobind"}
@@ -269,7 +321,7 @@ def bind_ranks(limits: Limits, workers: int) -> dict:
     allowed = limits.cpus
     if len(allowed) < workers:
         raise ConfigError(
-            f"{workers} vLLM CPU workers (TP x PP) need {workers} CPUs, the container "
+            f"{workers} vLLM CPU workers (DP x TP x PP) need {workers} CPUs, the container "
             f"allows {len(allowed)}: give it more CPUs or lower --tensor-parallel-size"
         )
     node_of = {c: n for n, cpus in limits.nodes.items() for c in cpus}
@@ -291,26 +343,23 @@ def _readers_wait(p: Plan) -> bool:
 
 
 def _kv_gib(limits: Limits, work: Workload, mode: str, yours: dict) -> int | None:
-    """VLLM_CPU_KVCACHE_SPACE to set (GiB, an integer: vLLM reads int() of it), or None; checks
-    your own value against the memory limit."""
-    fixed, mem = fixed_bytes(work), limits.memory
+    """VLLM_CPU_KVCACHE_SPACE to set (GiB per worker, an integer: vLLM reads int() of it), or
+    None; checks your own value (the variable, else --kv-cache-memory-bytes, which the variable
+    would override in vLLM) against the memory limit."""
+    mem = limits.memory
     if "VLLM_CPU_KVCACHE_SPACE" in yours:
-        value = str(
-            parse_whole("VLLM_CPU_KVCACHE_SPACE", yours["VLLM_CPU_KVCACHE_SPACE"], what="whole GiB")
+        value = parse_whole(
+            "VLLM_CPU_KVCACHE_SPACE", yours["VLLM_CPU_KVCACHE_SPACE"], what="whole GiB"
         )
-        if mem is not None and int(value) * GiB + fixed > mem:
-            raise ConfigError(
-                f"VLLM_CPU_KVCACHE_SPACE={value} GiB + {fixed_text(work)} do not fit memory.max "
-                f"{mem / GiB:.1f} GiB: lower VLLM_CPU_KVCACHE_SPACE or raise the memory limit "
-                f"(docker run --memory, compose mem_limit, k8s limits.memory) to at least "
-                f"{math.ceil((int(value) * GiB + fixed) / GiB)} GiB"
-            )
+        _check_yours(work, mem, value * GiB, f"VLLM_CPU_KVCACHE_SPACE={value} GiB")
         _check_context(
-            work,
-            int(value),
-            f"(VLLM_CPU_KVCACHE_SPACE={value})",
-            "set VLLM_CPU_KVCACHE_SPACE={need}",
+            work, value, f"(VLLM_CPU_KVCACHE_SPACE={value})", "set VLLM_CPU_KVCACHE_SPACE={need}"
         )
+        return None
+    if work.kv_flag is not None:  # the context: context.py leaves it to vLLM
+        flag = kv_flag_bytes(work.kv_flag)
+        if flag is not None:
+            _check_yours(work, mem, flag, f"--kv-cache-memory-bytes {work.kv_flag}")
         return None
     if mode == "0":
         return None
@@ -319,23 +368,63 @@ def _kv_gib(limits: Limits, work: Workload, mode: str, yours: dict) -> int | Non
             work, KV_DEFAULT_GIB, "(no memory limit)", "set VLLM_CPU_KVCACHE_SPACE={need}"
         )
         return KV_DEFAULT_GIB
-    kv = math.floor((mem * (1 - MEMORY_HEADROOM) - fixed) / GiB)
-    if kv < 1:
-        least = math.ceil(least_memory(work) / GiB)
-        raise ConfigError(
-            f"memory.max {mem / GiB:.1f} GiB cannot hold a 1 GiB KV cache + {fixed_text(work)} "
-            f"+ {MEMORY_HEADROOM:.0%} headroom: raise the memory limit (docker run "
-            f"--memory, compose mem_limit, k8s limits.memory) to at least {least} GiB"
-        )
+    kv = math.floor((mem * (1 - MEMORY_HEADROOM) - fixed_bytes(work)) / (work.workers * GiB))
     ctx = work.context
+    if kv < 1:
+        need = max(1, ctx.kv_gib_needed() if ctx is not None else 1)  # then one request fits
+        why = f" (a {need} GiB KV cache{per_worker(work)}: the model's context)" if need > 1 else ""
+        raise ConfigError(
+            f"memory.max {mem / GiB:.1f} GiB cannot hold a 1 GiB KV cache{per_worker(work)} + "
+            f"{fixed_text(work)} + {MEMORY_HEADROOM:.0%} headroom: raise the memory limit "
+            f"{LIMIT_FLAGS} to at least {math.ceil(least_memory(work, need) / GiB)} GiB{why}"
+            + fewer_workers(work, mem)
+        )
     if ctx is not None:
         least = math.ceil(least_memory(work, ctx.kv_gib_needed()) / GiB)
         _check_context(
             work, kv, f"(from memory.max {mem / GiB:.1f} GiB)",
-            "raise the memory limit (docker run --memory, compose mem_limit, k8s limits.memory) "
-            f"to at least {least} GiB (a {{need}} GiB KV cache)",
+            f"raise the memory limit {LIMIT_FLAGS} to at least {least} GiB (a {{need}} GiB KV "
+            "cache)",
         )  # fmt: skip
     return kv
+
+
+def fewer_workers(work: Workload, mem: int) -> str:
+    """ "; or ..." naming one worker where it fits `mem` and vLLM runs several, else ""."""
+    if work.workers == 1 or work.context is not None:  # the context's share is per worker
+        return ""
+    one = replace(work, tp=1, pp=1, dp=1, api_servers=1, shm_needed=work.shm_needed // work.dp)
+    if least_memory(one) > mem:
+        return ""
+    return (
+        "; or run one worker (no --tensor-parallel-size, --pipeline-parallel-size or "
+        "--data-parallel-size), which fits this limit"
+    )
+
+
+def _check_yours(work: Workload, mem: int | None, kv_bytes: int, yours: str) -> None:
+    """Your KV cache size, which every worker allocates, against the memory limit."""
+    need = memory_needed(work, 0) + work.workers * kv_bytes
+    if mem is not None and need > mem:
+        raise ConfigError(
+            f"{yours}{per_worker(work)} + {fixed_text(work)} do not fit memory.max "
+            f"{mem / GiB:.1f} GiB: lower it or raise the memory limit {LIMIT_FLAGS} to at "
+            f"least {math.ceil(need / GiB)} GiB"
+        )
+
+
+HUMAN_BYTES = re.compile(r"\s*([0-9]{1,15}(?:\.[0-9]{1,9})?)([kKmMgGtT]?)\s*", re.ASCII)
+MULTIPLIERS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+MULTIPLIERS.update({"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40})
+
+
+def kv_flag_bytes(value: str) -> int | None:
+    """--kv-cache-memory-bytes as vLLM's human_readable_int reads it (`4G`, `1.5g`, `1073741824`);
+    None for what it would refuse itself (vLLM says so at start)."""
+    m = HUMAN_BYTES.fullmatch(value)
+    if m is None or ("." in m.group(1) and not m.group(2)):
+        return None
+    return int(float(m.group(1)) * MULTIPLIERS[m.group(2)])
 
 
 def _check_context(work: Workload, kv_gib: int, whose: str, fix: str) -> None:

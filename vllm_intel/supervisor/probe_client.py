@@ -24,8 +24,9 @@ STATES = frozenset(s.value for s in State)
 
 def read_state(path: pathlib.Path) -> bytes:
     """The state file's bytes; OSError if there is none. Not a FIFO or a device planted there
-    (which could block the probe), and no more than a state file ever holds."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    (which could block the probe), nor a symlink (the supervisor never writes one), and no more
+    than a state file ever holds."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise ValueError("not a regular file")

@@ -11,22 +11,26 @@ slow connection costs a socket, never a thread. Invariants:
   request at once: the oldest are the idle ones);
 - out of file descriptors, asyncio stops accepting for a while instead of spinning on accept()
   (the connection waits in the backlog), and the port says so once;
-- vLLM's /health is asked at most once per HEALTH_CACHE_S whatever the number of probes, so a slow
-  vLLM delays the port by at most one PROBE_TIMEOUT_S per HEALTH_CACHE_S, never one per probe.
+- vLLM's /health is asked from the port's own loop, never blocking it: one check in flight for all
+  probes, at most one per HEALTH_CACHE_S, the whole check (connect, request, answer) bounded by
+  PROBE_TIMEOUT_S and its answer by HEALTH_MAX bytes, so a slow, cut or malformed /health answer
+  delays a probe that needs it (`/ready`, `/live` once serving) by at most PROBE_TIMEOUT_S and the
+  others (`/live` while starting, `/metrics`) not at all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import errno
+import inspect
 import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from .log import log
-from .observe import healthy
+from .observe import HEALTH_MAX, parse_answer, request, target, tls_context
 from .state import State
 
 KINDS = ("ready", "live")
@@ -123,10 +127,10 @@ class ProbeServer:
     def __init__(
         self,
         port: int,
-        answer: Callable[[str], tuple[bool, str]],
+        answer: Callable[[str], tuple[bool, str] | Awaitable[tuple[bool, str]]],
         metrics: Callable[[], bytes] | None = None,
     ):
-        self.answer = answer  # kind -> (ok, body line)
+        self.answer = answer  # kind -> (ok, body line), or a coroutine of it run in the port's loop
         self.metrics = metrics  # the Prometheus exposition, or None: /metrics is 404
         self.socket = listen(port)
         self.server_address = self.socket.getsockname()
@@ -164,6 +168,10 @@ class ProbeServer:
         server.close()
         for writer in list(self._open):
             writer.transport.abort()
+        others = asyncio.all_tasks() - {asyncio.current_task()}  # probes, a /health check
+        for task in others:
+            task.cancel()
+        await asyncio.gather(*others, return_exceptions=True)
         await server.wait_closed()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
@@ -172,24 +180,25 @@ class ProbeServer:
         self._open[writer] = None
         try:
             raw = await asyncio.wait_for(read_request(reader), CONN_TIMEOUT_S)
-            writer.write(self.respond(raw))
+            writer.write(await self.respond(raw))
             await asyncio.wait_for(writer.drain(), CONN_TIMEOUT_S)
-        except (OSError, ValueError, asyncio.TimeoutError):
-            pass  # idle, too long, or reset by the client: closed, nothing to say
+        except (OSError, ValueError, asyncio.TimeoutError, asyncio.CancelledError):
+            pass  # idle, too long, reset by the client, or the port stops: closed, nothing to say
         except Exception as e:  # noqa: BLE001 (a bug: one line, and the port keeps answering)
             log_once(f"probe port: {type(e).__name__}: {e}")
         finally:
             del self._open[writer]
             writer.close()
 
-    def respond(self, raw: bytes) -> bytes:
+    async def respond(self, raw: bytes) -> bytes:
         status, kind = request_kind(raw)
         if kind == "metrics" and self.metrics is not None:
             from .metrics import CONTENT_TYPE
 
             return response(200, self.metrics(), CONTENT_TYPE)
         if kind in KINDS:
-            ok, line = self.answer(kind)
+            answer = self.answer(kind)
+            ok, line = await answer if inspect.isawaitable(answer) else answer
             return response(200 if ok else 503, f"{line}\n".encode())
         status = status or 404
         return response(status, f"{status} {REASONS[status]}\n".encode())
@@ -233,25 +242,70 @@ def serve_http(
     thread; returns the server. Raises OSError when the port cannot be bound."""
     health = CachedHealth(vllm_url)
 
-    def answer(kind: str) -> tuple[bool, str]:
+    async def answer(kind: str) -> tuple[bool, str]:
         current = state().value
         # Ask vLLM only when the answer depends on it (never once readiness is lost).
-        ok = decide(kind, current, False) or (decide(kind, current, True) and health())
+        ok = decide(kind, current, False) or (decide(kind, current, True) and await health())
         return ok, f"{'' if ok else 'not '}{kind}: state {current}"
 
     return ProbeServer(probe_port, answer, metrics).start()
 
 
 class CachedHealth:
-    """vLLM's /health, asked again only when the last answer is older than HEALTH_CACHE_S."""
+    """vLLM's /health, asked from the port's loop (see above): a probe that finds the last answer
+    older than HEALTH_CACHE_S waits for the check in flight, starting one if there is none."""
 
     def __init__(self, url: str, clock: Callable[[], float] = time.monotonic):
-        self.url, self.clock = url, clock
+        self.clock = clock
         self.ok, self.at = False, None
+        self.check: asyncio.Future[bool] | None = None
+        try:
+            tls, self.host, self.port = target(url)
+            # Resolved once, here: in the loop a name would be resolved on an executor thread.
+            infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            self.addresses = [info[4][0] for info in infos]
+        except (OSError, ValueError):
+            tls, self.host, self.port, self.addresses = False, "", 0, []
+        self.tls = tls_context() if tls else None
 
-    def __call__(self) -> bool:
-        now = self.clock()
-        if self.at is None or now - self.at >= HEALTH_CACHE_S:
-            self.ok = healthy(self.url, PROBE_TIMEOUT_S)
-            self.at = self.clock()  # after the call: a slow answer is not stale at once
+    async def __call__(self) -> bool:
+        if self.at is not None and self.clock() - self.at < HEALTH_CACHE_S:
+            return self.ok
+        if self.check is None:
+            self.check = asyncio.ensure_future(self._check())
+        return await asyncio.shield(self.check)  # a probe that goes away leaves it running
+
+    async def _check(self) -> bool:
+        got = bytearray()
+        try:
+            await asyncio.wait_for(self._get(got), PROBE_TIMEOUT_S)
+            status = parse_answer(bytes(got), HEALTH_MAX)[0]
+        except (OSError, ValueError, asyncio.TimeoutError) as e:  # ssl's errors are among them
+            status = parse_answer(bytes(got), HEALTH_MAX, e)[0]
+        finally:
+            self.check = None
+        self.ok, self.at = status == 200, self.clock()  # after the check: a slow one is not stale
         return self.ok
+
+    async def _get(self, got: bytearray) -> None:
+        """GET /health into `got` until the server closes (or the answer passes HEALTH_MAX)."""
+        error: OSError = OSError("no address for vLLM")
+        for address in self.addresses:
+            try:
+                reader, writer = await asyncio.open_connection(
+                    address,
+                    self.port,
+                    ssl=self.tls,
+                    server_hostname=self.host if self.tls else None,
+                )
+                break
+            except OSError as e:
+                error = e
+        else:
+            raise error
+        try:
+            writer.write(request(self.host, self.port, "/health"))
+            while len(got) <= HEALTH_MAX and (data := await reader.read(65536)):
+                got += data
+        finally:
+            writer.transport.abort()

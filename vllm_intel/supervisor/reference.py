@@ -146,12 +146,26 @@ VLLM_SETTINGS = (
         f"the drain (see above), 0 to {MAX_DRAIN_S} s",
     ),
     Setting("--ssl-certfile", "none", "/health and /metrics are read over https"),
-    Setting("--disable-log-stats", "off", "no request counts in the exit line"),
     Setting(
-        "--tensor-parallel-size`, `--pipeline-parallel-size",
-        "1, 1",
-        "workers: the CPU plan's threads per worker and the /dev/shm preflight; each and "
-        f"their product at most {MAX_PARALLEL}",
+        "--disable-log-stats", "off", "no request counts from /metrics (drain-deadline's remain)"
+    ),
+    Setting(
+        "--tensor-parallel-size`, `--pipeline-parallel-size`, `--data-parallel-size",
+        "1, 1, 1",
+        "workers (their product) and engine cores (one per data-parallel rank): the CPU plan's "
+        "threads per worker, memory per process (each worker its own KV cache) and the "
+        f"/dev/shm preflight; each and their product at most {MAX_PARALLEL}",
+    ),
+    Setting(
+        "--api-server-count",
+        "the data-parallel size",
+        "API server processes the CPU plan counts",
+    ),
+    Setting(
+        "--kv-cache-memory-bytes",
+        "none",
+        "each worker's KV cache, yours: the plan sets no `VLLM_CPU_KVCACHE_SPACE` (which would "
+        "override it) and checks it against the memory limit",
     ),
     Setting(
         "--revision`, `--download-dir",

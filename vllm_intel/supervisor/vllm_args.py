@@ -29,7 +29,7 @@ What the supervisor relies on, and why:
   uds                   no TCP port to poll -> refused
   headless, grpc, api-server-count < 1
                         no HTTP API server, so readiness can never be observed -> refused
-  disable-log-stats     vLLM then exports no vllm:* metrics: no request counts in the exit line
+  disable-log-stats     vLLM then exports no vllm:* metrics: no request counts from /metrics
   api-server-count > 1  fine: the servers share the port, /metrics is aggregated over processes
   root-path             fine: it only strips a proxy prefix, /health still answers at /health
   tensor-/pipeline-parallel-size
@@ -53,7 +53,7 @@ from .timing import MAX_DRAIN_S
 
 # Bounds on inputs: a value past them is refused (exit 64) before anything starts.
 MAX_CONFIG_BYTES = 1 << 20  # a --config file is a few vLLM flags, never megabytes
-MAX_PARALLEL = 1024  # --tensor-parallel-size, --pipeline-parallel-size and their product
+MAX_PARALLEL = 1024  # each of the tensor, pipeline and data parallel sizes, and their product
 
 # The flags read here, by vLLM dest: option strings and whether the flag takes a value.
 FLAGS = {
@@ -71,6 +71,7 @@ FLAGS = {
     "ssl_cert_reqs": (("--ssl-cert-reqs",), True),
     "tensor_parallel_size": (("--tensor-parallel-size", "-tp"), True),
     "pipeline_parallel_size": (("--pipeline-parallel-size", "-pp"), True),
+    "data_parallel_size": (("--data-parallel-size", "-dp"), True),
     "revision": (("--revision",), True),
     "download_dir": (("--download-dir",), True),
     "max_model_len": (("--max-model-len",), True),
@@ -86,6 +87,7 @@ INTS = (
     "ssl_cert_reqs",
     "tensor_parallel_size",
     "pipeline_parallel_size",
+    "data_parallel_size",
 )
 # dest -> (lowest, highest) accepted; None: unbounded on that side (vLLM's own checks, or ours
 # with a message of their own: --api-server-count < 1 has no HTTP server).
@@ -96,6 +98,7 @@ BOUNDS = {
     "ssl_cert_reqs": (0, 2),
     "tensor_parallel_size": (None, MAX_PARALLEL),  # < 1: resources.parallel says so
     "pipeline_parallel_size": (None, MAX_PARALLEL),
+    "data_parallel_size": (None, MAX_PARALLEL),
 }
 # Read only for being given (context.py: the KV cache cannot be known before vLLM starts).
 PRESENCE_ONLY = ("hf_overrides", "hf_config_path", "kv_cache_memory_bytes")
@@ -129,6 +132,7 @@ class VllmArgs:
     ssl_cert_reqs: int | None = None
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
+    data_parallel_size: int | None = None
     revision: str | None = None
     download_dir: str | None = None
     max_model_len: str | None = None  # as given: vLLM reads 4k, 4K, auto (context.py)
@@ -184,20 +188,32 @@ def read_config_bytes(path: str) -> bytes:
 
 def _yaml_loader():
     """yaml.SafeLoader without aliases: `*name` can expand a small file into billions of
-    nodes (billion laughs), and a vLLM config file never needs one."""
+    nodes (billion laughs), and a vLLM config file never needs one. Every refusal is a
+    ConstructorError at its line, a value the loader cannot build too: SafeConstructor raises
+    plain Python errors for some (`2024-02-30`, `!!float abc`, `!!int ""`, 5000 digits)."""
     import yaml
 
     class NoAliasLoader(yaml.SafeLoader):
         def compose_node(self, parent, index):
             if self.check_event(yaml.AliasEvent):
                 event = self.peek_event()
-                raise yaml.composer.ComposerError(
+                raise yaml.constructor.ConstructorError(
                     None,
                     None,
                     f"alias *{event.anchor} (YAML aliases are refused)",
                     event.start_mark,
                 )
             return super().compose_node(parent, index)
+
+        def construct_object(self, node, deep=False):
+            try:
+                return super().construct_object(node, deep)
+            except (ValueError, TypeError, AttributeError, LookupError, ArithmeticError):
+                value = shown(node.value) if isinstance(node.value, str) else "the value"
+                tag = node.tag.rsplit(":", 1)[-1]
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{value} is not a valid {tag}", node.start_mark
+                ) from None
 
     return NoAliasLoader
 
@@ -221,7 +237,8 @@ def load_config_file(path: str) -> list[str]:
         where = getattr(e, "problem_mark", None)
         at = f" (line {where.line + 1})" if where else ""
         problem = getattr(e, "problem", None)
-        why = f": {problem}" if problem and "alias" in problem else ""
+        building = isinstance(e, yaml.constructor.ConstructorError) and problem
+        why = f": {shown(problem, 100, quote=False)}" if building else ""
         raise ConfigError(f"{_cfg(path)}: not valid YAML{at}{why}") from None
     except RecursionError:
         raise ConfigError(f"{_cfg(path)}: nested too deeply") from None
@@ -248,6 +265,8 @@ def load_config_file(path: str) -> list[str]:
                 flags += ["--" + key, json.dumps(value, default=str)]
             except (RecursionError, ValueError):
                 raise ConfigError(f"{_cfg(path)}: {key}: nested too deeply") from None
+            except TypeError:  # a key JSON has no form for (a date): vLLM's json.dumps fails too
+                raise ConfigError(f"{_cfg(path)}: {key}: a key JSON cannot hold") from None
         else:
             flags += ["--" + key, str(value)]
     return flags
@@ -403,11 +422,15 @@ def resolve(argv: list[str], bounds: bool = True) -> VllmArgs:
     _scan(args, found, model_in_cli, from_file, bounds)
     if bounds and found.model is not None and not found.model.strip():
         raise ConfigError(f"the model name is empty (in {found.source['model']})")
-    workers = (found.tensor_parallel_size or 1) * (found.pipeline_parallel_size or 1)
+    workers = (
+        (found.tensor_parallel_size or 1)
+        * (found.pipeline_parallel_size or 1)
+        * (found.data_parallel_size or 1)
+    )
     if bounds and abs(workers) > MAX_PARALLEL:
         raise ConfigError(
-            f"--tensor-parallel-size x --pipeline-parallel-size = {workers} workers, more than "
-            f"{MAX_PARALLEL}"
+            "--tensor-parallel-size x --pipeline-parallel-size x --data-parallel-size = "
+            f"{workers} workers, more than {MAX_PARALLEL}"
         )
     return found
 

@@ -1,5 +1,6 @@
 """What vLLM will need of the container for `vllm serve [MODEL] FLAGS`, before it starts: its
-workers (TP x PP), its shared-memory segments, the size of a local model's weights and the KV
+processes (API servers, an engine core per data-parallel rank, TP x PP workers under each), its
+shared-memory segments, the size of a local model's weights and the KV
 cache one request of its context takes (context.py); and the /dev/shm preflight that fails in one
 line instead of a SIGBUS later.
 """
@@ -42,10 +43,13 @@ class Workload:
     shm_needed: int  # bytes of /dev/shm its message queues end up using
     weights: int | None  # bytes of a local model's weight files; None: not a local directory
     context: Context | None = None  # one request of the whole context; None: not known here
+    dp: int = 1  # data-parallel ranks: an engine core each, with its own TP x PP workers
+    api_servers: int = 1  # vLLM's API server processes (--api-server-count, default dp)
+    kv_flag: str | None = None  # --kv-cache-memory-bytes as given: each worker's KV cache, yours
 
     @property
     def workers(self) -> int:
-        return self.tp * self.pp
+        return self.dp * self.tp * self.pp
 
 
 def workload(
@@ -55,10 +59,22 @@ def workload(
     (ServeConfig.vargs); else resolved here, which may read a --config file."""
     found = found or resolve(flags)
     tp, pp = _sizes(found)
-    shm = sum(size for _, size in _segments(flags, tp, pp, env))
+    dp = found.data_parallel_size or 1
+    if dp < 1:
+        raise ConfigError(f"--data-parallel-size must be a whole number >= 1, not {shown(dp)}")
+    shm = dp * sum(size for _, size in _segments(flags, tp, pp, env))  # an executor per rank
     local = model_dir(model)  # once: the weights and the context read the same directory
     weights = weights_in(local, model)  # first: its errors name an unreadable model directory
-    return Workload(tp, pp, shm, weights, context(found, local))
+    return Workload(
+        tp,
+        pp,
+        shm,
+        weights,
+        context(found, local),
+        dp=dp,
+        api_servers=found.api_server_count or dp,  # vLLM's default: one per rank
+        kv_flag=found.kv_cache_memory_bytes,
+    )
 
 
 def ring_buffer_bytes(chunk: int, chunks: int, readers: int) -> int:

@@ -10,8 +10,9 @@ FAKE_SHM=NAME creates NAME in INTEL_VLLM_SHM_DIR and keeps it mapped, as vLLM do
 segments (and leaves it behind, as a killed vLLM does).
 FAKE_ZOMBIE=PATH leaves an orphan (its pid written to PATH) that exits after 1.5 s: re-parented to
 the supervisor, which must reap it. FAKE_EXIT_AFTER=S,N exits by itself with code N after S seconds (an "engine death").
-GET /metrics answers FAKE_RUNNING requests running (default 0) in Prometheus text once
-FAKE_METRICS_AFTER seconds have passed (default FAKE_READY_AFTER: before its engine is up, vLLM
+Its HTTP server starts once its signal handlers are installed: a test that got an answer from
+it knows a signal sent from then on reaches the handler. GET /metrics answers FAKE_RUNNING
+requests running (default 0) in Prometheus text once FAKE_METRICS_AFTER seconds have passed (default FAKE_READY_AFTER: before its engine is up, vLLM
 answers nothing); FAKE_METRICS=hang makes it never answer (the supervisor must forward signals
 regardless). Each "got SIG..." line
 carries the wall-clock time it arrived (`at T`). Its lines also go to the file FAKE_LOG when set;
