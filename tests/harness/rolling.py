@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import requests
 
 from tests.harness import ROOT, docker, free_port, stream_completion
+from vllm_intel.patches.drain_deadline import RefuseWhileDraining
 from vllm_intel.supervisor import timing
 
 REPLICAS_FILE = ROOT / "compose.replicas.yaml"
@@ -50,18 +51,22 @@ LOAD = dict(
 # the other replica carries all new load: down to ~8 tokens/s per stream on 2 busy cores
 # (docs/bench.md, "rolling restart: the test", what the test caught on the way).
 LONG_MAX_TOKENS = 360
-# On a fast host the LB's DRAIN step can outlast every stream the LB sent (a clean clone: 360-token
-# streams of ~1.8 s, in flight at each SIGTERM [0, 0]), so each replica also gets witnesses: from
-# the moment rolling-restart.sh sets it to DRAIN until it prints its `docker stop`, a stream sent
-# straight to it every WITNESS_EVERY_S, each sized to last WITNESS_S at the rate the streams saw.
-# A witness ran 0.6 to 2.6 times its size, and a busy engine delivered SIGTERM up to 5 s after
-# the script printed `docker stop` (3 s witnesses had all ended by then once, 8 s ones another
-# time): the last witness still runs at the SIGTERM. At a quarter of that rate a witness still
-# ends well inside DRAIN_S.
-WITNESS_S = 12
+# Each drain has work by construction: from the replica's DRAIN step at the LB, the harness sends it
+# witnesses (streams straight to it, one every WITNESS_EVERY_S, each sized to last WITNESS_S at
+# the rate the streams saw, within the model's length) until it refuses one. A draining replica
+# refuses every request that arrives after its drain began (the drain's 503), and one answered 200
+# arrived before, so a witness answered in full that ended after the replica's first refusal was in
+# flight when its drain began, and the drain finished it: whenever the SIGTERM comes, the witnesses
+# accepted in the WITNESS_S before it still stream. A witness ends inside DRAIN_S unless the
+# draining replica streams it DRAIN_S / WITNESS_S times slower than the rate it was sized at.
+WITNESS_S = 8
 WITNESS_EVERY_S = 1
+PROMPT_ROOM = 16  # of the model's length, kept for a witness's prompt
 DRAIN_S = timing.DEFAULT_DRAIN_S  # the product's: what a user's rollout drains with
 LB_DRAIN_S = 1  # HAProxy stops sending at once; the 5 s default stands for Kubernetes' preStop
+# How long `up` waits for the replicas, which start together: also their healthchecks' start
+# period, or a start slower than compose.yaml's default period makes `up --wait` fail.
+UP_WAIT_S = 900
 
 
 class Deployment:
@@ -96,6 +101,7 @@ class Deployment:
             INTEL_VLLM_STOP_GRACE_PERIOD=f"{drain + 15}s",
             INTEL_VLLM_CPU_COMMAND="serve --enforce-eager",
             INTEL_VLLM_HEALTH_INTERVAL="2s",
+            INTEL_VLLM_START_PERIOD=f"{UP_WAIT_S}s",
             LB_DRAIN_SECONDS=str(lb_drain),
         )
         if lb_config:
@@ -126,7 +132,8 @@ class Deployment:
 
     def up(self) -> float:
         t = time.monotonic()
-        r = self.compose("up", "-d", "--wait", "--wait-timeout", "900", timeout=960, check=False)
+        args = ("up", "-d", "--wait", "--wait-timeout", str(UP_WAIT_S))
+        r = self.compose(*args, timeout=UP_WAIT_S + 60, check=False)
         if r.returncode != 0:
             raise RuntimeError(f"compose up failed:\n{r.stderr[-3000:]}\n{self.logs()[-4000:]}")
         return time.monotonic() - t
@@ -173,8 +180,10 @@ class Deployment:
             for name, ip, *_ in (line.split() for line in out.splitlines() if line.strip())
         }
 
-    def model(self) -> str:
-        return requests.get(self.url + "/v1/models", timeout=10).json()["data"][0]["id"]
+    def model(self) -> tuple[str, int]:
+        """The served model's name and length (prompt + answer tokens)."""
+        card = requests.get(self.url + "/v1/models", timeout=10).json()["data"][0]
+        return card["id"], card["max_model_len"]
 
     def logs(self, *services: str) -> str:
         return self.compose("logs", "--no-color", *services, check=False, timeout=120).stdout
@@ -187,12 +196,13 @@ class Deployment:
 
 @dataclass
 class Request:
-    kind: str  # "stream", "long" or "short"
+    kind: str  # "stream", "long", "short", "witness" or "refused" (a witness the drain refused)
     start: float  # monotonic
     end: float
     ok: bool  # a complete answer: every token, and `[DONE]` for a stream
     detail: str = ""  # why not, when not ok
     tokens: int = 0  # asked for
+    replica: str = ""  # a witness's replica
 
     @property
     def latency(self) -> float:
@@ -249,12 +259,16 @@ class Load:
                 self.done.append(r)
             self.stopping.wait(self.pause_s)
 
-    def witness(self, url: str, until: threading.Event) -> None:
-        """Streams straight to a replica's `url`, a new one every WITNESS_EVERY_S until `until`,
-        each sized to last WITNESS_S; recorded as kind "witness" (stop() waits for them)."""
+    def witness(self, name: str, url: str, until: threading.Event, max_tokens: int) -> None:
+        """Witnesses for replica `name` at `url`: a stream straight to it every WITNESS_EVERY_S,
+        each sized to last WITNESS_S (at most `max_tokens`), until it refuses one or `until`;
+        recorded as kind "witness", or "refused" (stop() waits for them)."""
 
         def one() -> None:
-            r = self._stream("witness", url, self._tokens(WITNESS_S, cap=None))
+            r = self._stream("witness", url, self._tokens(WITNESS_S, cap=max_tokens))
+            r.replica = name
+            if r.kind == "refused":
+                until.set()
             with self.lock:
                 self.done.append(r)
 
@@ -276,6 +290,8 @@ class Load:
         if tokens is None:
             tokens = self._tokens(self.long_s) if kind == "long" else self.stream_tokens
         res = stream_completion(url or self.url, self.model, tokens, timeout=self.timeout)
+        if kind == "witness" and refused(res):
+            return Request("refused", start, res.ended, True, f"status {res.status}: {res.error}")
         ok = (
             res.status == 200
             and res.done
@@ -359,6 +375,27 @@ class Load:
             return list(self.done) + hung
 
 
+def refused(res) -> bool:
+    """A replica did not take the request: its drain's 503, or no server listening (bare vLLM
+    stopping); nothing was lost, a client behind the LB gets it replayed."""
+    drain_503 = res.status == 503 and res.error == RefuseWhileDraining.BODY.decode()
+    return drain_503 or "Connection refused" in (res.error or "")
+
+
+def at_drain(reqs: list[Request], name: str) -> list[float]:
+    """The witnesses of replica `name` in flight when its drain began and finished in full:
+    answered 200 (arrived before the drain) and ended after its first refusal (received after it
+    began); for each, the seconds it ended after that refusal."""
+    first = min((r.end for r in reqs if r.kind == "refused" and r.replica == name), default=None)
+    if first is None:
+        return []
+    return [
+        round(r.end - first, 1)
+        for r in reqs
+        if r.kind == "witness" and r.ok and r.replica == name and r.end > first
+    ]
+
+
 def pct(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -376,7 +413,7 @@ def latencies(reqs: list[Request], kind: str, lo: float, hi: float) -> dict:
 def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_kw) -> dict:
     """Client load on the running deployment for `warm_s` (steady state), a full rolling restart
     during it, `after_s` more, then the counts and latencies of everything the clients sent."""
-    model = dep.model()
+    model, max_len = dep.model()
     # Warm-up: the first requests on a fresh replica are slow (~20 s on 2 busy cores); the steady
     # window must measure a warm service, as the restart window does.
     warm = Load(
@@ -390,15 +427,19 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
     replicas = dep.replica_urls()
     time.sleep(warm_s)
 
-    stopping = {name: threading.Event() for name in replicas}
+    exited = {name: threading.Event() for name in replicas}
+    order: list[str] = []  # the replicas in the order of their DRAIN step
 
     def on_line(line: str) -> None:
-        step = re.search(r"\] (\S+): (others ready .* set to DRAIN|docker stop -t)", line)
+        # A replica's witnesses run from its DRAIN step until it refuses one, at the latest until
+        # it exited (the script's "stopped in" line).
+        step = re.search(r"\] (\S+): (others ready .* set to DRAIN|stopped in)", line)
         if step and step[1] in replicas:
-            if step[2].startswith("docker stop"):
-                stopping[step[1]].set()
+            if step[2] == "stopped in":
+                exited[step[1]].set()
             else:
-                load.witness(replicas[step[1]], stopping[step[1]])
+                order.append(step[1])
+                load.witness(step[1], replicas[step[1]], exited[step[1]], max_len - PROMPT_ROOM)
 
     t0 = time.monotonic()
     code, output, took = dep.rolling_restart(on_line=on_line)
@@ -430,6 +471,8 @@ def rollout(dep: Deployment, *, warm_s: float = 15, after_s: float = 5, **load_k
         "long_seconds": [round(r.latency, 1) for r in reqs if r.kind == "long" and r.ok],
         "witnesses": sum(r.kind == "witness" for r in reqs),
         "witness_seconds": [round(r.latency, 1) for r in reqs if r.kind == "witness"],
+        "refused": sum(r.kind == "refused" for r in reqs),
+        "witnesses_at_drain": [at_drain(reqs, name) for name in order],
         "hung": sum(r.kind == "hung" for r in reqs),
         "failures": [asdict(r) | {"at_s": round(r.start - t0, 1)} for r in failed][:20],
         "during_restart": sum(t0 <= r.start < t1 for r in reqs),
@@ -457,7 +500,9 @@ def summary(result: dict) -> str:
         f"{result['during_restart']} sent during the {result['restart_s']} s rolling restart "
         f"(exit {result['restart_exit']}); in flight at each SIGTERM {result['in_flight_at_sigterm']}; "
         f"replayed by the LB {result['lb_replayed']}; witnesses {result['witnesses']} "
-        f"(s: {result['witness_seconds']})"
+        f"(s: {result['witness_seconds']}), refused by the drains {result['refused']}; in flight "
+        f"as each drain began {[len(w) for w in result['witnesses_at_drain']]} (ending s after "
+        f"the drain's first refusal: {result['witnesses_at_drain']})"
     ]
     for kind in ("short", "stream", "long"):
         s, r = lat[kind]["steady"], lat[kind]["restart"]
