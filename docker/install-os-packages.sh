@@ -1,5 +1,6 @@
 #!/bin/sh
-# apt-get install PACKAGES... with no recommends, for the base stage of both Dockerfiles.
+# apt-get install PACKAGES... with no recommends, for the OS stages of both Dockerfiles and the
+# shared app stage (tini).
 # /var/cache/apt and /var/lib/apt are BuildKit cache mounts (sharing=locked), so a rebuild does
 # not download again and the image keeps no package lists or .debs.
 set -eu

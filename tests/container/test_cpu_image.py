@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
+import signal
+import subprocess
 import time
 
 import pytest
 import requests
 import yaml
 
-from tests.deploy.manifests import dockerfile_env
+from tests.deploy.manifests import dockerfile_app_stage, dockerfile_env
 from tests.harness import (
     ALL_CPU_RELEASES,
     DEFAULT_VLLM,
+    DOCKER,
     OLD_VLLM,
     ROOT,
     Streams,
@@ -40,6 +44,7 @@ GRACE = timing.grace_period(DRAIN)
 STREAMS, STREAM_TOKENS = 8, 900  # ~5 s per stream at ~1300 tok/s over 8: in flight at the stop
 IDLE_STOP_S = 3  # an idle server must not make `docker stop` wait
 HF_HOME = dockerfile_env("cpu")["HF_HOME"]
+ENTRYPOINT = json.loads(dockerfile_app_stage("cpu")["ENTRYPOINT"][-1])
 BUILTIN_MODEL = dockerfile_env("cpu")["INTEL_VLLM_MODEL"]
 
 
@@ -106,10 +111,15 @@ def last_ready_line(stack) -> str:
 
 
 def test_runs_as_non_root(stack):
+    """PID 1 is tini, its one child the supervisor; neither is root."""
     cid = stack.container()
     assert docker("exec", cid, "id", "-u").stdout.strip() == "10001"
-    status = docker("exec", cid, "cat", "/proc/1/status").stdout
-    assert re.search(r"^Uid:\s+10001\s", status, re.M), "PID 1 (entrypoint.py) must not be root"
+    (child,) = docker("exec", cid, "cat", "/proc/1/task/1/children").stdout.split()
+    for pid, argv in (("1", ENTRYPOINT), (child, ENTRYPOINT[-2:])):
+        cmdline = docker("exec", cid, "cat", f"/proc/{pid}/cmdline").stdout.split("\0")
+        assert cmdline[: len(argv)] == argv, cmdline
+        status = docker("exec", cid, "cat", f"/proc/{pid}/status").stdout
+        assert re.search(r"^Uid:\s+10001\s", status, re.M), f"{argv} must not run as root"
 
 
 def test_labels_record_installed_versions(stack):
@@ -312,3 +322,90 @@ def test_a_first_start_warns_only_as_documented(stack):
     assert "runtime: tcmalloc + Intel OpenMP;" in plan, plan
     unknown = undocumented_warnings(logs)
     assert not unknown, "\n".join(unknown)
+
+
+# -- a stop at the container's first instruction -------------------------------------------------
+
+# Where the Docker host lists a container's processes: cgroupfs or systemd driver, cgroup v1 or v2.
+CGROUP_PROCS = (
+    "/sys/fs/cgroup/pids/docker/{id}/cgroup.procs",
+    "/sys/fs/cgroup/docker/{id}/cgroup.procs",
+    "/sys/fs/cgroup/pids/system.slice/docker-{id}.scope/cgroup.procs",
+    "/sys/fs/cgroup/system.slice/docker-{id}.scope/cgroup.procs",
+)
+EARLY_STOPS = 3
+# The stop comes once PID 1 holds SIGTERM or this long after its exec, whichever is first: within
+# the interpreter's start-up, past what an exec'd program needs before its first instructions run.
+EARLY_S = 0.005
+
+
+def first_program(cid: str, comm: str, start: subprocess.Popen) -> int:
+    """Host pid of the container's first program (kernel name `comm`) the moment it has exec'd,
+    polled without a pause while `docker start` runs (and 10 s after)."""
+    paths = [pathlib.Path(p.format(id=cid)) for p in CGROUP_PROCS]
+    end = None
+    while end is None or time.monotonic() < end:
+        if end is None and start.poll() is not None:
+            end = time.monotonic() + 10
+        for path in paths:
+            try:
+                pids = path.read_text().split()
+            except OSError:
+                continue
+            for pid in pids:
+                try:
+                    if pathlib.Path(f"/proc/{pid}/comm").read_text().strip() == comm:
+                        return int(pid)
+                except OSError:
+                    pass
+    pytest.skip(f"no {comm!r} in the container's cgroup ({', '.join(CGROUP_PROCS)})")
+
+
+def holds_sigterm(pid: int) -> bool:
+    try:
+        status = pathlib.Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    blocked = re.search(r"^SigBlk:\s+([0-9a-f]+)", status, re.M)
+    return bool(blocked and int(blocked.group(1), 16) >> (signal.SIGTERM - 1) & 1)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="signals the container's first process from the host")
+def test_a_sigterm_at_the_first_instruction_ends_the_container(cpu_image):
+    """`docker stop` at once after `docker run`: SIGTERM from the host, as the engine's kill, in
+    the first milliseconds after the container's first program exec'd (EARLY_S; EARLY_STOPS
+    times). The kernel drops a signal sent to a namespace's PID 1 at its default action, the
+    interpreter's until entrypoint.py's first line; tini holds every signal from its first
+    instructions and forwards it to the supervisor, which Python's default action ends before it
+    holds them itself. Each stop: 143 within seconds, not a container serving on until the
+    engine's SIGKILL."""
+    image = cpu_image()
+    comm = os.path.basename(ENTRYPOINT[0])[:15]  # the kernel's name of a process: 15 characters
+    for n in range(1, EARLY_STOPS + 1):
+        cid = docker("create", "--shm-size", "1g", "--network", "none", image).stdout.strip()
+        try:
+            start = subprocess.Popen([DOCKER, "start", cid], stdout=subprocess.DEVNULL)
+            pid = first_program(cid, comm, start)
+            unmasked_until = time.monotonic() + EARLY_S
+            while time.monotonic() < unmasked_until and not holds_sigterm(pid):
+                pass
+            os.kill(pid, signal.SIGTERM)
+            sent = time.monotonic()
+            assert start.wait(120) == 0
+            try:
+                code = int(docker("wait", cid, timeout=30).stdout)
+            except subprocess.TimeoutExpired:
+                pytest.fail(f"stop {n}: the SIGTERM was lost, the container runs on")
+            took = time.monotonic() - sent
+        finally:
+            docker("rm", "-f", cid, check=False)
+        print(f"stop {n}: exit {code} {took:.2f} s after the SIGTERM")
+        assert code == 128 + signal.SIGTERM and took < 10, (code, took)
+    # What the supervisor exits with reaches the engine through tini: here its one line and 64.
+    r = docker(
+        "run", "--rm", "-e", "INTEL_VLLM_DRAIN_TIMEOUT=x", image, "grace-period", check=False
+    )
+    assert r.returncode == 64 and r.stdout == "", r
+    assert (
+        r.stderr.startswith("entrypoint.py: INTEL_VLLM_DRAIN_TIMEOUT") and r.stderr.count("\n") == 1
+    )

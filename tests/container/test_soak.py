@@ -2,9 +2,9 @@
 
 Not part of `make test` (about 20 x 65 s): run it with `make soak` (CYCLES=20 by default).
 Every start must become healthy, every stop must drain the streams in flight and exit 0, and
-/dev/shm, /tmp and the open files of PID 1 must not grow from one cycle to the next. Once, the
-container is SIGKILLed mid-stream (a crash): the next start must find the dead run's leftovers,
-say so and remove them, and serve.
+/dev/shm, /tmp and the open files of the supervisor must not grow from one cycle to the next.
+Once, the container is SIGKILLed mid-stream (a crash): the next start must find the dead run's
+leftovers, say so and remove them, and serve.
 
 /dev/shm is a host tmpfs directory bind-mounted into the container, as Kubernetes does with the
 `emptyDir: {medium: Memory}` of deploy/k8s: it outlives a container restart, so a crashed run's
@@ -44,10 +44,11 @@ import os
 def size(d):
     return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(d) for f in fs
                if os.path.exists(os.path.join(r, f)))
-print(size('/dev/shm'), len(os.listdir('/tmp')), len(os.listdir('/proc/1/fd')))
+supervisor = open('/proc/1/task/1/children').read().split()[0]  # tini's one child
+print(size('/dev/shm'), len(os.listdir('/tmp')), len(os.listdir(f'/proc/{supervisor}/fd')))
 """,
     ).stdout.split()
-    return dict(zip(("shm_bytes", "tmp_entries", "pid1_fds"), map(int, out)))
+    return dict(zip(("shm_bytes", "tmp_entries", "supervisor_fds"), map(int, out)))
 
 
 def wait_healthy(c, timeout: float = 600) -> float:
@@ -152,5 +153,5 @@ def test_stop_start_cycles_under_traffic(cpu_image, compose_project, persistent_
     )
     assert crashes_recovered == 1
     # Nothing accumulates: the last cycle uses no more than the second one (the first one warms up).
-    for key in ("shm_bytes", "tmp_entries", "pid1_fds"):
+    for key in ("shm_bytes", "tmp_entries", "supervisor_fds"):
         assert seen[-1][key] <= seen[1][key], (key, seen)

@@ -4,6 +4,7 @@ check; its recipe is checked against upstream's by tests/xpu)."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -103,7 +104,16 @@ def test_app_stage_follows_conventions():
     by = lambda name: [i["value"] for i in app if i["instruction"] == name]  # noqa: E731
     assert by("USER") == ["10001:10001"]
     assert by("EXPOSE") == ["8000"]
-    assert by("ENTRYPOINT") == ['["/opt/venv/bin/python", "/opt/vllm-intel/entrypoint.py"]']
+    # tini (PID 1, from the stage's own apt install) in front of the supervisor: docs/decisions/0012
+    (entry,) = by("ENTRYPOINT")
+    assert json.loads(entry) == [
+        "/usr/bin/tini-static",
+        "-s",
+        "--",
+        "/opt/venv/bin/python",
+        "/opt/vllm-intel/entrypoint.py",
+    ]
+    assert any(run.endswith("/install-os-packages.sh tini") for run in by("RUN"))
     assert by("CMD") == ['["serve"]']
     (health,) = by("HEALTHCHECK")
     assert '"entrypoint.py", "probe", "ready"' in health.replace("/opt/vllm-intel/", "")
