@@ -80,6 +80,11 @@ CASES = {
     "huge body": huge,
 }
 IDS = list(CASES)
+# Those that last until the deadline: their bound is http_get's (a) and the probe port's (c); the
+# observer (b) and the exec probe (d) get what http_get returns, so the quick ones show them
+# surviving every kind of failed answer.
+TIMED_OUT = ("trickled headers", "trickled body", "never answers")
+QUICK = [c for c in IDS if c not in TIMED_OUT]
 
 
 class Hostile:
@@ -215,7 +220,7 @@ def test_a_bad_url_is_an_answer_of_zero():
 # -- (b) the observer thread --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", IDS)
+@pytest.mark.parametrize("case", QUICK)
 def test_the_observer_survives_and_sees_vllm_turn_healthy(case):
     with hostile(CASES[case], CASES[case], OK) as server:
         obs = observe.Observer(server.url)
@@ -353,7 +358,7 @@ def test_https_is_asked_without_verification_and_bounded_too(tls_server_context,
 # -- (d) the exec probe ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", IDS)
+@pytest.mark.parametrize("case", QUICK)
 def test_the_exec_probe_prints_one_line_and_fails(case, tmp_path):
     with hostile(CASES[case]) as server:
         state = tmp_path / "state.json"
