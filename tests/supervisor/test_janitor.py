@@ -191,6 +191,13 @@ def test_the_watcher_claims_intel_openmps_registrations_of_the_runs_pids(tmp_pat
     assert sorted(f.name for f in shm.iterdir()) == [other]
 
 
+def _wait(condition, timeout: float = 10.0) -> None:
+    """Until condition() holds (then at once), or timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 @contextlib.contextmanager
 def _watching(monkeypatch, shm):
     """A Watcher on this process at a 10 ms period, ticked as the loop does while the block runs:
@@ -234,7 +241,8 @@ def test_the_watcher_stops_scanning_once_what_it_can_claim_is_claimed(tmp_path, 
     _files(shm, "psm_77", "psm_99")  # psm_99: another server's, never mapped here
     with open(shm / "psm_77", "r+b") as f, mmap.mmap(f.fileno(), 64):
         with _watching(monkeypatch, shm) as (claim, scans):
-            time.sleep(0.5)
+            _wait(lambda: claim.names == {"psm_77"})
+            time.sleep(0.5)  # fifty periods more: scans past the bound would show
     assert claim.names == {"psm_77"}
     # psm_99 stays unclaimed: scanned after each change of the unclaimed set, then left alone
     assert 1 <= len(scans) <= 2 * janitor.SCANS_AFTER_CHANGE, scans
@@ -249,8 +257,6 @@ def test_the_watcher_claims_an_entry_mapped_a_moment_after_it_appeared(tmp_path,
         _files(shm, "psm_66")  # created: the watcher sees a new unclaimed entry ...
         time.sleep(0.015)
         with open(shm / "psm_66", "r+b") as f, mmap.mmap(f.fileno(), 64):  # ... mapped after
-            deadline = time.monotonic() + 2
-            while "psm_66" not in claim.names and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _wait(lambda: "psm_66" in claim.names)
     assert claim.names == {"psm_66"}
     claim.release()

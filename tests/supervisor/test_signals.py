@@ -14,8 +14,12 @@ import psutil
 import pytest
 
 from tests.harness.editable import editable_venv
+from vllm_intel.supervisor.timing import KILL_GRACE_S, TICK_S, deadline
 
 from .conftest import ROOT, free_port
+
+# Added to an upper bound (never to a lower one): a busy 2-core host can run a woken process late.
+SLACK = 2.0
 
 
 def received_at(out: str, sig: str) -> float:
@@ -119,7 +123,7 @@ def test_second_signal_escalates_to_the_group(run):
     assert code == 124, out
     assert out.count("got SIGTERM") == 2  # once from the drain, once from the group escalation
     assert "state KILLING" in out
-    assert took < 3 + 2  # KILL_GRACE, not the full deadline
+    assert took < KILL_GRACE_S + SLACK  # KILL_GRACE, not the full deadline
 
 
 def test_a_stop_while_starting_reaches_the_group_after_kill_grace(run):
@@ -127,15 +131,16 @@ def test_a_stop_while_starting_reaches_the_group_after_kill_grace(run):
     for the engine core), the group gets SIGTERM after KILL_GRACE, not after the drain."""
     r = run({"FAKE_ON_TERM": "ignore", "FAKE_READY_AFTER": "600", "INTEL_VLLM_DRAIN_TIMEOUT": "5"})
     r.wait_for(lambda: r.state() == "STARTING" and r.fake_answers())
-    t0 = time.monotonic()
+    t0, sent = time.monotonic(), time.time()
     r.signal(signal.SIGTERM)
     code, out, _ = r.finish()
+    took = time.monotonic() - t0
     # Forwarded at once, the group's at KILL_GRACE (3 s), the deadline's escalation at 12 s.
     times = [float(t) for t in re.findall(r"got SIGTERM at ([\d.]+)", out)]
     assert len(times) == 3 and "SIGTERM to its process group" in out, out
-    assert 2.5 <= times[1] - times[0] <= 4.5, times
+    assert KILL_GRACE_S <= times[1] - sent <= KILL_GRACE_S + TICK_S + SLACK, (sent, times)
     # The fake ignores them all: the deadline (5 + 10 s) still ends it, as for any stop.
-    assert code == 124 and time.monotonic() - t0 <= 5 + 10 + 2, out
+    assert code == 124 and deadline(5) <= took <= deadline(5) + SLACK, (took, out)
 
 
 def test_a_stop_just_after_vllm_became_ready_drains_instead_of_killing_the_group(run):
@@ -168,7 +173,7 @@ def test_deadline_kills_the_group(run):
     code, out, _ = r.finish()
     took = time.monotonic() - t0
     assert code == 124, out
-    assert 9.5 <= took <= 12, took  # DRAIN 0 + TEARDOWN 10, never later
+    assert deadline(0) <= took <= deadline(0) + SLACK, took  # DRAIN 0 + TEARDOWN 10
     assert "deadline" in out
 
 
