@@ -235,6 +235,8 @@ def scraped_the_drain(prom: prometheus.Prometheus, in_flight: int) -> None:
         assert prom.value(f'max_over_time(up{{job="{job}"}}[10m])') == 1, job
     last = lambda name: prom.value(f"last_over_time({name}[10m])")  # noqa: E731
     assert last("vllm_intel_drain_in_flight_requests") == in_flight
+    # as vLLM's API server counted every end, however late the last /metrics sample was
+    assert last("vllm_intel_drain_finished_requests") == in_flight
     assert last('vllm_intel_drains_total{outcome="finished"}') == 1
     assert last("vllm_intel_drain_aborted_requests") == 0
     # the shipped alert rules are loaded, and the drain that cut nothing fired none of them

@@ -68,7 +68,7 @@ def test_an_arbitrary_uid_under_a_quota_and_memory_limit_logs_the_plan_serves_an
         assert "VLLM_CPU_OMP_THREADS_BIND='nobind'" in logs, logs[-4000:]
         probe = (
             "import json, psutil\n"
-            "api = psutil.Process(1).children()[0]\n"
+            "api = psutil.Process(1).children()[0].children()[0]\n"  # tini > supervisor > API
             "print(api.environ().get('OMP_NUM_THREADS'))\n"
             "tree = [api] + api.children(recursive=True)\n"
             "print(json.dumps([[p.name(), sorted(p.cpu_affinity())] for p in tree]))\n"
