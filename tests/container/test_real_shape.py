@@ -39,6 +39,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.real_shape]
 SHAPES = os.environ.get("REAL_SHAPES", "qwen2.5-0.5b").split(",")
 MODEL = "/models/m"  # where the container sees it, and the name it serves it under
 CALIBRATE_TOKENS = 48
+MIN_TOKENS = 128  # the shortest answers that still make a drain of most of the window
 # Of the window: what the answers may need at the calibrated speed, with room for a slower spell
 # inside a full suite run (docs/bench.md, "The drain window: why 120 s").
 ANSWER_SHARE = 0.7
@@ -91,7 +92,9 @@ def test_at_the_memory_plans_edge_it_serves_a_full_step_and_the_drain_finishes_f
             assert all(r.done and r.tokens == CALIBRATE_TOKENS for r in warm), warm
             speed = CALIBRATE_TOKENS / (max(r.ended for r in warm) - t0)  # tokens/s per stream
             tokens = min(512, int(speed * ANSWER_SHARE * timing.DEFAULT_DRAIN_S))
-            assert tokens >= 256, f"{speed:.1f} tokens/s per stream: too slow a machine for this"
+            # A CPU without AVX-512 writes this shape at a few tokens/s (vLLM's bf16 linear falls
+            # back to torch's: docs/docker.md, start-up warnings): still answers of over a minute.
+            assert tokens >= MIN_TOKENS, f"{speed:.1f} tokens/s per stream: too slow a machine"
             streams = Streams(c.url, MODEL, n=4, max_tokens=tokens, timeout=300)
             streams.wait_running(c.url, timeout=60)
             time.sleep(5)  # answers well under way, as a stop meets them
