@@ -6,7 +6,6 @@ line; every call within its deadline, never an exception."""
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import shutil
@@ -25,6 +24,8 @@ from hypothesis import strategies as st
 from tests.harness import ROOT, free_port
 from vllm_intel.supervisor import observe, probes
 from vllm_intel.supervisor.state import State
+
+from .test_probe_server import get as probe_server_get
 
 SLACK = 3.0  # scheduling on a busy 2-core host; a per-operation timeout would take minutes
 TRICKLE_S = 0.2  # a byte at a time, well under any per-operation timeout
@@ -240,14 +241,8 @@ def test_the_observer_survives_and_sees_vllm_turn_healthy(case):
 # -- (c) the probe port ---------------------------------------------------------------------------
 
 
-def get(port: int, path: str, timeout: float = 60) -> tuple[int, str]:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    try:
-        conn.request("GET", path)
-        res = conn.getresponse()
-        return res.status, res.read().decode()
-    finally:
-        conn.close()
+def get(port: int, path: str) -> tuple[int, str]:
+    return probe_server_get(port, path, timeout=60)
 
 
 @contextlib.contextmanager

@@ -190,7 +190,8 @@ def _yaml_loader():
     """yaml.SafeLoader without aliases: `*name` can expand a small file into billions of
     nodes (billion laughs), and a vLLM config file never needs one. Every refusal is a
     ConstructorError at its line, a value the loader cannot build too: SafeConstructor raises
-    plain Python errors for some (`2024-02-30`, `!!float abc`, `!!int ""`, 5000 digits)."""
+    plain Python errors for some (an impossible date, a bad tagged float or int, an integer
+    past Python's digit limit)."""
     import yaml
 
     class NoAliasLoader(yaml.SafeLoader):
