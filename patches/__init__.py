@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from vllm_intel import startup_phases
+from vllm_intel import run_files, startup_phases
 
 from . import registry
 from ._base import (
@@ -141,16 +141,12 @@ def _failure(patches: list[Patch]) -> PatchFailedError | None:
     )
 
 
-STATES_DIR_ENV = startup_phases.DIR_ENV  # the supervisor's run directory
-
-
 def _write_states(patches: list[Patch]) -> None:
     """This process's patch states, for the supervisor's /metrics (best effort: never fails)."""
-    where = os.environ.get(STATES_DIR_ENV)
-    if not where:
-        return
-    data = {"process": process_kind(), "states": {p.name: p.state for p in patches}}
-    startup_phases.write_report(os.path.join(where, f"patch-states-{os.getpid()}.json"), data)
+    where = run_files.own(run_files.PATCH_STATES)
+    if where:
+        data = {"process": process_kind(), "states": {p.name: p.state for p in patches}}
+        run_files.write(where, data)
 
 
 def register() -> None:

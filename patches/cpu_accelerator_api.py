@@ -72,7 +72,8 @@ import logging
 import torch
 
 from . import _accel_guard
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, find_def, module_tree
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import calls_to, find_def, module_tree
 
 log = logging.getLogger("vllm.vllm_intel.patches")
 DYNAMO_MODULE = "torch._dynamo.variables.torch"

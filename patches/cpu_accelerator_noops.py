@@ -34,7 +34,8 @@ import ast
 import torch
 
 from . import _accel_guard
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, module_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import module_source
 
 NAMES = ("synchronize", "empty_cache")
 BINDERS = (  # (module, function or None for module level)

@@ -28,7 +28,8 @@ once, at start-up, on CPUs with AMX tiles. A permission cannot be given back: re
 
 from __future__ import annotations
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, module_tree
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import calls_to, module_tree
 
 # Where vLLM would request the permission itself if it ever does.
 SERVING_MODULES = (

@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import os
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, code_tree
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import calls_to, code_tree
 
 ENV = "VLLM_USE_AOT_COMPILE"
 

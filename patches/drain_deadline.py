@@ -21,9 +21,10 @@ What goes wrong upstream, and what this changes:
   1. When the drain window is shorter than the work, the process manager SIGKILLs the engine core
      at +N s; the requests still running get no output at all and their streams stall until
      the client gives up (the API server meanwhile waits for those connections to close).
-     -> The engine aborts every unfinished request ``min(2 s, N/4)`` before the window ends and
-        sends the abort outputs, so each stream ends with ``finish_reason: "abort"`` and
-        ``[DONE]``, and the engine exits by itself within the window.
+     -> The engine aborts every unfinished request shortly before the window ends
+        (``timing.abort_at``) and sends the abort outputs, so each stream ends with
+        ``finish_reason: "abort"`` and ``[DONE]``, and the engine exits by itself within the
+        window.
   2. Whatever is still unfinished in the API server once the engine client has shut down (the
      engine was killed, or a request raced the abort) is failed explicitly, so its stream
      ends with an error event and ``[DONE]`` instead of waiting forever.
@@ -36,7 +37,7 @@ What goes wrong upstream, and what this changes:
      "abort"`` with no token (the engine core rejects an add once its shutdown started).
      -> The engine's shutdown starts once every request accepted before the drain has sent its
      first response byte (a stream's first token, a whole completion) or ended, waiting at most
-     ``min(2 s, N/4)``: accepted requests are served, later ones get the 503 of 3.
+     ``timing.admit_wait``: accepted requests are served, later ones get the 503 of 3.
   5. Nothing says at SIGTERM whether the window fits the work in flight. -> Once the accepted
      requests reached the engine, one line: how many are in flight, the tokens they still need,
      their speed, the time the slowest needs and how many the window will cut
@@ -58,12 +59,12 @@ import threading
 import time
 
 from .. import drain_forecast
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, code_tree, dotted
+from ..supervisor import timing
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import calls_to, code_tree, dotted
 
 log = logging.getLogger("vllm.vllm_intel.patches")
 
-ABORT_LEAD_S = 2.0
-ADMIT_WAIT_S = 2.0  # at most this long (and N/4) before the engine's drain starts
 # Set from AsyncLLM.shutdown (the API server starts it on SIGTERM); read by the ASGI wrapper.
 DRAINING = threading.Event()
 
@@ -164,7 +165,7 @@ def report_forecast(processor, timeout: float) -> None:
     """Log the drain forecast (vllm_intel.drain_forecast) and hand it to the supervisor: from two
     samples of the request states, now and a moment later in a timer thread, so the drain's start
     is not delayed. Never raises: a forecast must not stop a drain."""
-    cut_at = timeout - min(ABORT_LEAD_S, timeout / 4)
+    cut_at = timing.abort_at(timeout)
 
     def report(before, after=None, t0: float = 0.0) -> None:
         try:
@@ -261,7 +262,7 @@ class DrainDeadline(Patch):
         self._refuse_while_draining()
 
     def _abort_before_the_deadline(self) -> None:
-        """The engine core aborts what is unfinished ABORT_LEAD_S before its drain deadline, so
+        """The engine core aborts what is unfinished at timing.abort_at of its drain window, so
         every client gets a final event instead of a stream cut by the engine's SIGKILL."""
         from vllm.v1.engine.core import EngineCoreProc, EngineShutdownState
         from vllm.v1.request import RequestStatus
@@ -272,7 +273,7 @@ class DrainDeadline(Patch):
             state = self.shutdown_state
             timeout = self.vllm_config.shutdown_timeout
             if state == EngineShutdownState.REQUESTED and timeout > 0:
-                self._intel_abort_at = time.monotonic() + timeout - min(ABORT_LEAD_S, timeout / 4)
+                self._intel_abort_at = time.monotonic() + timing.abort_at(timeout)
             elif (
                 state == EngineShutdownState.SHUTTING_DOWN
                 and getattr(self, "_intel_abort_at", None) is not None
@@ -308,7 +309,7 @@ class DrainDeadline(Patch):
             timeout = getattr(getattr(self, "vllm_config", None), "shutdown_timeout", 0) or 0
             if timeout > 0 and len(ADMITTED):
                 t0 = time.monotonic()
-                left = ADMITTED.wait_empty(min(ADMIT_WAIT_S, timeout / 4))
+                left = ADMITTED.wait_empty(timing.admit_wait(timeout))
                 log.info(
                     "[shutdown] API server: drain starts after %.2f s: the requests accepted "
                     "before it %s",

@@ -41,7 +41,8 @@ import signal
 import threading
 from collections.abc import Callable
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, find_def, identifiers, module_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import find_def, identifiers, module_source
 
 log = logging.getLogger("vllm.vllm_intel.patches")
 

@@ -52,7 +52,8 @@ import multiprocessing.spawn
 import sys
 
 from .. import process_exit
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, code_tree
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import calls_to, code_tree
 
 # (module, class) whose shutdown() runs only in a process that exits afterwards.
 EXITING_SHUTDOWNS = (

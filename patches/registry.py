@@ -16,8 +16,9 @@ import importlib
 import pathlib
 from collections.abc import Mapping
 
-from ._base import UNTESTED_ENV as UNTESTED_ENV  # defined beside the range check it governs
-from ._base import Patch, PatchConfigError, env_allows_untested, env_flag
+from ._base import Patch, PatchConfigError
+from ._release_gate import UNTESTED_ENV as UNTESTED_ENV  # defined beside the range check it governs
+from ._release_gate import env_allows_untested, env_flag
 
 NOT_PATCHES = ("registry", "tested_code")  # besides _private modules, __init__ and __main__
 

@@ -58,7 +58,8 @@ import os
 import platform
 import weakref
 
-from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch, calls_to, find_def, module_source
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import calls_to, find_def, module_source
 
 ENV = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S"
 MODULE = "vllm.distributed.device_communicators.shm_broadcast"

@@ -15,8 +15,8 @@ Tested:   vLLM ``>=0.24.0,<=0.32.0`` (``tested``): tests/patches/test_xpu_shutdo
 Changes (as upstream does):
   * with ``--shutdown-timeout 0`` (vLLM's default: abort) XPU workers are killed before
     ``destroy_distributed_environment()`` runs, leaving Level Zero / oneCCL resources behind; the
-    next start on the same devices can hang in oneCCL init. On XPU, 0 becomes 5 (logged
-    "XPU platform: set server shutdown_timeout=5.").
+    next start on the same devices can hang in oneCCL init. On XPU, 0 becomes
+    ``timing.XPU_MIN_DRAIN_S`` (logged "XPU platform: set server shutdown_timeout=5.").
   * ``XPUWorker.shutdown`` runs the parent's shutdown first, then
     ``XpuMemAllocator.instance.release_pools()`` (pools go while the allocator still lives).
   * the (v1) model runner's shutdown ends with ``gc.collect()``, ``empty_cache()`` and
@@ -40,20 +40,11 @@ import ast
 import gc
 import logging
 
-from ._base import (
-    NEEDED,
-    NOT_APPLICABLE,
-    UPSTREAM,
-    Patch,
-    calls_to,
-    find_def,
-    identifiers,
-    module_source,
-    stored_attributes,
-)
+from ..supervisor import timing
+from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
+from ._code_shape import calls_to, find_def, identifiers, module_source, stored_attributes
 
 log = logging.getLogger("vllm.vllm_intel.patches")
-XPU_MIN_SHUTDOWN_TIMEOUT = 5  # upstream's value
 
 
 RUNNER = "vllm.v1.worker.gpu_model_runner"
@@ -157,7 +148,7 @@ class XpuShutdown(Patch):
         def check_and_update_config(cls, vllm_config) -> None:
             orig(cls, vllm_config)
             if vllm_config.shutdown_timeout == 0:
-                vllm_config.shutdown_timeout = XPU_MIN_SHUTDOWN_TIMEOUT
+                vllm_config.shutdown_timeout = timing.XPU_MIN_DRAIN_S
                 log.info(
                     "XPU platform: set server shutdown_timeout=%d.", vllm_config.shutdown_timeout
                 )

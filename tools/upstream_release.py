@@ -26,6 +26,7 @@ default venv's python (`make upstream-release V=X` does).
 from __future__ import annotations
 
 import ast
+import compileall
 import difflib
 import importlib.util
 import json
@@ -101,6 +102,7 @@ def source(version: str) -> pathlib.Path:
     """A directory holding the release's ``vllm`` package (Python files only), unpacked once."""
     dest = CACHE / "sources" / f"vllm-{version}"
     if (dest / "vllm" / "_version.py").exists():
+        compiled(dest)
         return dest
     tmp = dest.with_name(dest.name + f".tmp{os.getpid()}")
     prefix = f"vllm-{version}/vllm/"
@@ -111,14 +113,24 @@ def source(version: str) -> pathlib.Path:
         tf.extractall(tmp, [m for m in members if m.name.endswith(".py")], filter="data")
     if not (tmp / "vllm" / "_version.py").exists():
         raise SystemExit(f"upstream-release: vllm-{version}'s sdist has no vllm/_version.py")
+    compiled(tmp)
     tmp.rename(dest)
     return dest
+
+
+def compiled(root: pathlib.Path) -> None:
+    """Bytecode for every module under `root`, written once: imports of a release's source run in
+    processes that may not write it themselves (PYTHONDONTWRITEBYTECODE)."""
+    mark = root / ".compiled"
+    if not mark.exists():
+        compileall.compile_dir(root, quiet=2, workers=0)
+        mark.touch()
 
 
 def target_source(root: pathlib.Path, target: str) -> str | None:
     """The module source of a target: a vLLM module from the release's source, anything else
     (torch) as installed here."""
-    from vllm_intel.patches._base import module_source
+    from vllm_intel.patches._code_shape import module_source
 
     module = target.partition(":")[0]
     if module.split(".")[0] != "vllm":
@@ -131,7 +143,7 @@ def target_source(root: pathlib.Path, target: str) -> str | None:
 
 
 def fingerprints(root: pathlib.Path, targets) -> dict[str, str | None]:
-    from vllm_intel.patches._base import fingerprint_source
+    from vllm_intel.patches._code_shape import fingerprint_source
 
     return {t: fingerprint_source(target_source(root, t), t.partition(":")[2]) for t in targets}
 
@@ -235,7 +247,7 @@ def changed_targets(version: str) -> list[tuple[str, str, str, str]]:
 
 
 def _segment(root: pathlib.Path, target: str) -> str:
-    from vllm_intel.patches._base import target_node
+    from vllm_intel.patches._code_shape import target_node
 
     src = target_source(root, target)
     if src is None:

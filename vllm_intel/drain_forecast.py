@@ -10,8 +10,8 @@ bench`", "`drain-deadline`"). The tokens are divided by the time between the eng
 the first and the last of them (``last_token_ts``), not by the time between the samples: a second
 holds a handful of tokens of a large model on a CPU (8-12), so counting them against the clock
 would be off by up to one token in eight. The forecast is logged, and
-written as JSON to ``$INTEL_VLLM_DRAIN_FORECAST`` (the supervisor sets it inside its run
-directory) for the supervisor's exit line.
+written as JSON into the supervisor's run directory (``vllm_intel.run_files``) for the
+supervisor's exit line.
 
 A request that got no token between the samples (still waiting) is given the median speed of the
 others; with none known (vLLM run with ``--disable-log-stats`` counts no tokens) the time needed is
@@ -27,19 +27,16 @@ vLLM's API servers exit.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pathlib
-import stat
 import statistics
 import threading
 from collections import Counter
 
-FORECAST_ENV = "INTEL_VLLM_DRAIN_FORECAST"
-MAX_FORECAST_BYTES = 4096  # what the supervisor reads of it
+from . import run_files
+from .run_files import Result
+
 SAMPLE_S = 1.0  # between the two samples (at most; less in a short window)
-RESULT_PREFIX = "drain-result-"  # + the API server's pid + ".json", beside the forecast
-MAX_RESULTS = 64  # result files read at most (one per API server process)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -155,27 +152,6 @@ def forecast(
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Result:
-    """How the drain's requests ended, each counted once, at its final event in vLLM's API
-    server (requests as its output processor holds them: one with n > 1 counts n); every count
-    but `open` only grows."""
-
-    in_flight: int  # open at the drain's start, or joining it after (accepted before it)
-    finished: int  # finish_reason stop or length
-    aborted: int  # finish_reason abort: the drain deadline's abort, a client gone
-    failed: int  # ended by an error: an engine error, or the engine stopped first
-    open: int  # no final event yet
-
-    def brief(self) -> str:
-        """The supervisor's exit-line words for it."""
-        out = f"{self.in_flight} in flight at SIGTERM, {self.finished} finished, "
-        out += f"{self.aborted} aborted"
-        if self.failed:
-            out += f", {self.failed} failed"
-        return out + (f", {self.open} still running" if self.open else "")
-
-
 class Tally:
     """The final event of each request from the drain's start on, by request id; the first one
     counts (an error raised into a request may follow the end it already had). Ends arrive on the
@@ -219,38 +195,17 @@ class Tally:
 
 
 def write(found: Forecast | Result, env=os.environ) -> None:
-    """To $INTEL_VLLM_DRAIN_FORECAST when set (a Result: this process's RESULT_PREFIX file beside
-    it), by a rename: a reader sees the last whole file. Best effort: a forecast never stops a
-    drain."""
-    path = env.get(FORECAST_ENV)
-    if not path:
-        return
-    if isinstance(found, Result):
-        path = os.path.join(os.path.dirname(path), f"{RESULT_PREFIX}{os.getpid()}.json")
-    try:
-        fd = os.open(f"{path}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(dataclasses.asdict(found), f)
-        os.replace(f"{path}.tmp", path)
-    except OSError:
-        pass
+    """Into the run directory `env` names, if any: the forecast, or this process's counts (a
+    Result). Best effort: a forecast never stops a drain."""
+    mine = f"{run_files.RESULT}{os.getpid()}.json" if isinstance(found, Result) else None
+    where = run_files.path(mine or run_files.FORECAST, env)
+    if where:
+        run_files.write(where, dataclasses.asdict(found))
 
 
-def load(path: str, kind: type) -> dict | None:
-    """The fields of a `kind` (Forecast, Result) from the JSON file `path`, or None (absent, too
-    big, not a regular file, not that record)."""
-    try:
-        # Never a FIFO or a symlink: the supervisor must not block or be sent elsewhere.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                return None
-            raw = f.read(MAX_FORECAST_BYTES + 1)
-        if len(raw) > MAX_FORECAST_BYTES:
-            return None
-        data = json.loads(raw)
-    except (OSError, ValueError):
-        return None
+def load(data, kind: type) -> dict | None:
+    """`data` (what run_files.read gave) if it holds exactly the fields of a `kind` (Forecast,
+    Result), else None."""
     fields = {f.name for f in dataclasses.fields(kind)}
     return data if isinstance(data, dict) and set(data) == fields else None
 
@@ -259,9 +214,9 @@ def number(n, kind=int | float) -> bool:
     return isinstance(n, kind) and not isinstance(n, bool)
 
 
-def read(path: str) -> Forecast | None:
-    """The forecast the API server wrote, or None (absent, too big, or not a forecast)."""
-    data = load(path, Forecast)
+def read(run_dir: pathlib.Path) -> Forecast | None:
+    """The forecast the API server wrote in `run_dir`, or None (absent, too big, or not one)."""
+    data = load(run_files.read(run_dir / run_files.FORECAST), Forecast)
     if data is None:
         return None
     found = Forecast(**data)
@@ -269,15 +224,9 @@ def read(path: str) -> Forecast | None:
     return found if all(number(n) for n in numbers) else None
 
 
-def read_result(forecast_path: str) -> Result | None:
-    """The counts the API server processes wrote beside the forecast at `forecast_path`, added
-    up; None if none wrote any."""
-    where = pathlib.Path(forecast_path).parent
-    try:
-        names = sorted(where.glob(f"{RESULT_PREFIX}*.json"))[:MAX_RESULTS]
-    except OSError:
-        return None
-    found = [load(str(name), Result) for name in names]
+def read_result(run_dir: pathlib.Path) -> Result | None:
+    """The counts the API server processes wrote in `run_dir`, added up; None if none wrote any."""
+    found = [load(data, Result) for data in run_files.read_all(run_dir, run_files.RESULT)]
     found = [d for d in found if d and all(number(n, int) and n >= 0 for n in d.values())]
     if not found:
         return None

@@ -3,8 +3,8 @@
 vLLM logs a line as each phase of a start ends (weights downloaded, model loaded, torch.compile
 done, engine initialised). `install()`, called by the plugin in each vLLM process, wraps the
 logging module's record factory so that a record whose format string is one of those lines also
-lands, as seconds, in `startup-<pid>.json` in the supervisor's run directory
-(INTEL_VLLM_PATCH_STATES_DIR), where the supervisor's /metrics and its "ready" line read it; so
+lands, as seconds, in this process's STARTUP file in the supervisor's run directory
+(vllm_intel.run_files), where the supervisor's /metrics and its "ready" line read it; so
 does each compiled graph vLLM loaded from its compile cache or compiled (a hit or a miss).
 
 The record factory, not a handler: vLLM (re)configures its loggers with dictConfig, which drops
@@ -16,12 +16,11 @@ drops that phase, which tests/patches/test_serve.py notices on the real server.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Callable
 
-DIR_ENV = "INTEL_VLLM_PATCH_STATES_DIR"  # the supervisor's run directory (also the patch states')
+from . import run_files
 
 # vLLM's format string -> (phase, index of the seconds among its arguments), as releases word
 # them (0.32 first). `load`: vLLM's "Model loading took" where its model runner logs it (GPU, XPU),
@@ -74,29 +73,14 @@ _warm_up_at: dict[int, float] = {}  # pid -> when its CPU warm-up (compile) bega
 def record(kind: str, section: str, key: str, amount: float, env=os.environ) -> None:
     """Add `amount` to section[key] in this process's file (best effort: never fails a start).
     Several lines of one key in a process (one per model or graph) add up."""
-    where = env.get(DIR_ENV)
+    where = run_files.own(run_files.STARTUP, env)
     if not where:
         return
-    path = os.path.join(where, f"startup-{os.getpid()}.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        data = {"process": kind}
+    data = run_files.read(where)
+    data = data if isinstance(data, dict) else {"process": kind}
     values = data.setdefault(section, {})
     values[key] = values.get(key, 0) + amount
-    write_report(path, data)
-
-
-def write_report(path: str, data: dict) -> None:
-    """Replace `path` by `data` as JSON at once: a reader sees the old file or the new, never
-    half of one (best effort: a report never fails the process that writes it)."""
-    try:
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(data, f)
-        os.replace(path + ".tmp", path)
-    except OSError:
-        pass
+    run_files.write(where, data)
 
 
 def seconds_of(rec: logging.LogRecord) -> tuple[str, float] | None:
@@ -145,7 +129,7 @@ def fx_graph_cache() -> dict[str, int]:
 def install(kind: Callable[[], str]) -> None:
     """Wrap the record factory in this process (idempotent per pid: a forked child re-installs).
     kind: names the process at record time (a forked child may log before it re-installs)."""
-    if os.getpid() in _installed or not os.environ.get(DIR_ENV):
+    if os.getpid() in _installed or not os.environ.get(run_files.ENV):
         return
     previous = logging.getLogRecordFactory()
     if getattr(previous, "vllm_intel_phases", False):  # inherited across fork: the parent's

@@ -80,8 +80,9 @@ def xpu_image(docker_host):
 
 @pytest.fixture(scope="session")
 def cpu_image(docker_host):
-    """Factory: cpu_image("0.27.1") -> tag of the CPU image of that release (built once)."""
-    return lambda version=DEFAULT_VLLM: _build("cpu", version)
+    """Factory: cpu_image("0.27.1") -> tag of the CPU image of that release (built once);
+    target="test": its test image."""
+    return lambda version=DEFAULT_VLLM, target="runtime": _build("cpu", version, target)
 
 
 @pytest.fixture(scope="session")

@@ -43,9 +43,9 @@ MIN_TOKENS = 128  # the shortest answers that still make a drain of most of the 
 # Of the window: what the answers may need at the calibrated speed, with room for a slower spell
 # inside a full suite run (docs/bench.md, "The drain window: why 120 s").
 ANSWER_SHARE = 0.7
-# Prompts of 1500 tokens, two at once: more than one full prefill step (vLLM's CPU default for the
-# API server: 2048 batched tokens), the step whose activations peak.
-PREFILL = (2, 1500, 16)
+# One prompt of 2048 tokens: one full prefill step, whenever it arrives (vLLM's CPU default for
+# the API server: 2048 batched tokens), the step whose activations peak.
+PREFILL = (1, 2048, 16)
 
 
 @pytest.mark.parametrize("shape", SHAPES)

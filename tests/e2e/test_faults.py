@@ -15,6 +15,9 @@ from tests.harness import Streams, alive, control, descendants, poll
 from .conftest import assert_nothing_left, probe, snapshot
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+# The server of the kill tests. A test whose next one kills the same server starts that one
+# beside its own (serve.ahead): the two load at once, on both cores.
+EAGER = ("--enforce-eager",)
 
 
 def find(s, title: str) -> int:
@@ -29,7 +32,9 @@ def find(s, title: str) -> int:
 
 @pytest.mark.parametrize("victim", ["VLLM::Worker", "VLLM::EngineCore"])
 def test_sigkill_of_worker_or_engine_fails_fast_and_loud(serve, victim):
-    s = serve("--enforce-eager")
+    if victim == "VLLM::Worker":
+        serve.ahead(*EAGER)  # the EngineCore case's
+    s = serve(*EAGER)
     streams = Streams(s.url, s.model, n=4, max_tokens=6000, timeout=60)
     streams.wait_running(s.url, timeout=60)
     t_kill = time.monotonic()
@@ -53,7 +58,8 @@ def test_sigkill_of_worker_or_engine_fails_fast_and_loud(serve, victim):
 
 
 def test_sigkill_of_the_api_server_kills_the_orphans(serve):
-    s = serve("--enforce-eager")
+    serve.ahead(*EAGER)  # test_sigkill_of_the_supervisor_leaves_no_vllm_process[patched]'s
+    s = serve(*EAGER)
     engine, worker = find(s, "VLLM::EngineCore"), find(s, "VLLM::Worker")
     api = find(s, "vllm.entrypoints.cli.main")
     t_kill = time.monotonic()
@@ -73,7 +79,7 @@ def test_sigkill_of_the_supervisor_leaves_no_vllm_process(serve, watch):
     and its worker stay (vllm issue #55510): that arm (a negative control: tests.harness.control)
     shows the test can fail."""
     env = {"INTEL_VLLM_PATCHES_DISABLE": "engine-parent-watch"} if watch != "patched" else {}
-    s = serve("--enforce-eager", drain=30, env=env)
+    s = serve(*EAGER, drain=30, env=env)
     engine, worker = find(s, "VLLM::EngineCore"), find(s, "VLLM::Worker")
     streams = Streams(s.url, s.model, n=2, max_tokens=6000, timeout=60)
     streams.wait_running(s.url, timeout=60)
@@ -97,7 +103,7 @@ def test_sigkill_of_the_supervisor_leaves_no_vllm_process(serve, watch):
 
 
 def test_sigterm_while_loading_exits_cleanly(serve):
-    s = serve("--enforce-eager", wait=False)
+    s = serve(*EAGER, wait=False)
     deadline_s = 30 + 10
     # Well into start-up: the engine core and its worker exist, the model is loading. (A fixed
     # sleep hit the API server still parsing its arguments on a loaded host.)

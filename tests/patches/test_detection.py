@@ -12,7 +12,7 @@ import multiprocessing.spawn
 import pytest
 
 from vllm_intel.patches import (
-    _base,
+    _code_shape,
     cpu_accelerator_api,
     cpu_aot_compile,
     drain_deadline,
@@ -21,7 +21,8 @@ from vllm_intel.patches import (
     shm_busy_sleep,
     xpu_shutdown,
 )
-from vllm_intel.patches._base import NEEDED, NOT_APPLICABLE, UPSTREAM, parse
+from vllm_intel.patches._base import NEEDED, NOT_APPLICABLE, UPSTREAM
+from vllm_intel.patches._code_shape import parse
 
 # -- drain-deadline: EngineCoreProc._handle_shutdown ---------------------------------------------
 
@@ -237,7 +238,7 @@ def test_dynamo_assertion_by_structure():
     assert cpu_accelerator_api.dynamo_asserts_without_accelerator(parse(DYNAMO_REAL))
     assert not cpu_accelerator_api.dynamo_asserts_without_accelerator(None)
     # the installed torch (2.13) still asserts
-    tree = _base.module_tree(cpu_accelerator_api.DYNAMO_MODULE)
+    tree = _code_shape.module_tree(cpu_accelerator_api.DYNAMO_MODULE)
     assert cpu_accelerator_api.dynamo_asserts_without_accelerator(tree)
 
 
@@ -421,12 +422,14 @@ def test_helpers_ignore_comments_and_strings():
         self.a.b = obj.c(arg)
     '''
     )
-    assert not _base.calls_to(tree, "sched_yield")
-    assert [_base.dotted(c.func) for c in _base.calls_to(tree, "c")] == ["obj.c"]
-    assert "deadline" not in _base.identifiers(tree)
-    assert {"f", "self", "arg", "x", "a", "b", "obj", "c"} <= _base.identifiers(tree)
-    assert _base.stored_attributes(tree) == {"b"}
-    assert _base.find_def(tree, "f") is not None and _base.find_def(tree, "f", "g") is None
+    assert not _code_shape.calls_to(tree, "sched_yield")
+    assert [_code_shape.dotted(c.func) for c in _code_shape.calls_to(tree, "c")] == ["obj.c"]
+    assert "deadline" not in _code_shape.identifiers(tree)
+    assert {"f", "self", "arg", "x", "a", "b", "obj", "c"} <= _code_shape.identifiers(tree)
+    assert _code_shape.stored_attributes(tree) == {"b"}
+    assert (
+        _code_shape.find_def(tree, "f") is not None and _code_shape.find_def(tree, "f", "g") is None
+    )
 
 
 # -- cpu-accelerator-noops: already by AST (binders of the two torch.accelerator names) ----------

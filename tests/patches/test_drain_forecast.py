@@ -12,6 +12,7 @@ import types
 import pytest
 
 from vllm_intel import drain_forecast as df
+from vllm_intel import run_files
 
 F = df.InFlight
 
@@ -108,10 +109,10 @@ def test_samples_the_fields_of_vllms_own_request_state():
 
 
 def test_written_then_read_back(tmp_path):
-    path = tmp_path / "f.json"
     found = df.forecast([F(0, 512, 12.0)], 30, 28)
-    df.write(found, env={df.FORECAST_ENV: str(path)})
-    assert df.read(str(path)) == found
+    df.write(found, env={run_files.ENV: str(tmp_path)})
+    assert df.read(tmp_path) == found
+    assert [p.name for p in tmp_path.iterdir()] == [run_files.FORECAST]  # no temporary left
     df.write(found, env={})  # unset: nothing written, nothing raised
 
 
@@ -119,7 +120,7 @@ def test_written_then_read_back(tmp_path):
     "kind", ["missing", "symlink", "fifo", "too-big", "not-json", "wrong-keys", "bool"]
 )
 def test_read_refuses_what_is_not_a_forecast(tmp_path, kind):
-    path = tmp_path / "f.json"
+    path = tmp_path / run_files.FORECAST
     good = dataclasses.asdict(df.forecast([F(0, 512, 12.0)], 30, 28))
     if kind == "symlink":
         (tmp_path / "real").write_text(json.dumps(good))
@@ -127,14 +128,14 @@ def test_read_refuses_what_is_not_a_forecast(tmp_path, kind):
     elif kind == "fifo":
         os.mkfifo(path)  # read() must not block on it
     elif kind == "too-big":
-        path.write_text(json.dumps({**good, "pad": "x" * df.MAX_FORECAST_BYTES}))
+        path.write_text(json.dumps({**good, "pad": "x" * run_files.MAX_BYTES}))
     elif kind == "not-json":
         path.write_bytes(b"\xff\x00")
     elif kind == "wrong-keys":
         path.write_text(json.dumps({"in_flight": 1}))
     elif kind == "bool":
         path.write_text(json.dumps({**good, "cut": True}))
-    assert df.read(str(path)) is None
+    assert df.read(tmp_path) is None
 
 
 def test_report_samples_twice_without_delaying_the_drain(tmp_path, monkeypatch):
@@ -144,8 +145,8 @@ def test_report_samples_twice_without_delaying_the_drain(tmp_path, monkeypatch):
 
     from vllm_intel.patches.drain_deadline import report_forecast
 
-    path = tmp_path / "f.json"
-    monkeypatch.setenv(df.FORECAST_ENV, str(path))
+    path = tmp_path / run_files.FORECAST
+    monkeypatch.setenv(run_files.ENV, str(tmp_path))
     stats = types.SimpleNamespace(num_generation_tokens=10)
     processor = types.SimpleNamespace(
         request_states={"r": types.SimpleNamespace(max_tokens_param=1000, stats=stats)}
@@ -155,9 +156,9 @@ def test_report_samples_twice_without_delaying_the_drain(tmp_path, monkeypatch):
     assert time.monotonic() - t0 < 0.1 and not path.exists()
     stats.num_generation_tokens = 110  # 100 tokens in ~1 s: 990 left need ~10 s, past 3 s
     deadline = time.monotonic() + 5
-    while df.read(str(path)) is None and time.monotonic() < deadline:
+    while df.read(tmp_path) is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    got = df.read(str(path))
+    got = df.read(tmp_path)
     assert got is not None and (got.in_flight, got.cut, got.cut_at_s) == (1, 1, 3.0)
     assert 80 < got.rate < 101 and 9 < got.need_s < 14
 
@@ -169,22 +170,22 @@ def test_the_tally_counts_each_request_once_by_its_first_end(tmp_path):
     """Ends before the drain's start are not its; an error raised into a request that already
     had its end changes nothing (the client got the end); a request that reached vLLM after the
     start (accepted before it) is in flight too. Each call leaves the counts in the file."""
-    env = {df.FORECAST_ENV: str(tmp_path / "drain-forecast.json")}
+    env = {run_files.ENV: str(tmp_path)}
     tally = df.Tally(env)
     tally.end(["x"], "finished", ["a", "b", "c"])
-    assert df.read_result(env[df.FORECAST_ENV]) is None
+    assert df.read_result(tmp_path) is None
     tally.begin({"a": 1, "b": 2, "c": 3})  # vLLM's request_states
-    assert df.read_result(env[df.FORECAST_ENV]) == df.Result(3, 0, 0, 0, 3)
+    assert df.read_result(tmp_path) == df.Result(3, 0, 0, 0, 3)
     tally.end(["a"], "finished", ["b", "c"])
     tally.end(["b"], "aborted", ["c"])
     tally.end(["c"], "failed", ["c"])  # propagate_error: vLLM still holds it
     tally.end(["c"], "finished", [])  # its end arrives after the error: the error stands
     tally.end(["d"], "finished", [])
-    got = df.read_result(env[df.FORECAST_ENV])
+    got = df.read_result(tmp_path)
     assert got == df.Result(in_flight=4, finished=2, aborted=1, failed=1, open=0)
     assert got.brief() == "4 in flight at SIGTERM, 2 finished, 1 aborted, 1 failed"
     tally.begin({})  # vLLM's second shutdown call: the drain's start stays the first one's
-    assert df.read_result(env[df.FORECAST_ENV]) == got
+    assert df.read_result(tmp_path) == got
     assert df.Result(2, 1, 0, 0, 1).brief() == (
         "2 in flight at SIGTERM, 1 finished, 0 aborted, 1 still running"
     )
@@ -203,8 +204,7 @@ def test_every_end_in_vllms_output_processor_is_counted(tmp_path, monkeypatch):
 
     from vllm_intel.patches import drain_deadline as dd
 
-    path = str(tmp_path / "drain-forecast.json")
-    monkeypatch.setattr(dd, "TALLY", df.Tally({df.FORECAST_ENV: path}))
+    monkeypatch.setattr(dd, "TALLY", df.Tally({run_files.ENV: str(tmp_path)}))
     processor = OutputProcessor(None, log_stats=False)
 
     def add(rid):
@@ -228,10 +228,10 @@ def test_every_end_in_vllms_output_processor_is_counted(tmp_path, monkeypatch):
         processor.process_outputs(
             [out("a", FinishReason.LENGTH), out("b", FinishReason.ABORT), out("c"), out("d")]
         )
-        assert df.read_result(path) == df.Result(5, 1, 1, 0, 3)
+        assert df.read_result(tmp_path) == df.Result(5, 1, 1, 0, 3)
         processor.abort_requests(["c"], internal=False)
         processor.propagate_error(RuntimeError("the engine stopped first"))
-        got = df.read_result(path)
+        got = df.read_result(tmp_path)
         assert got == df.Result(in_flight=5, finished=1, aborted=2, failed=2, open=0)
     finally:
         dd.PATCH.revert()
@@ -239,22 +239,20 @@ def test_every_end_in_vllms_output_processor_is_counted(tmp_path, monkeypatch):
 
 
 def test_result_written_then_read_back_beside_the_forecast(tmp_path):
-    forecast = tmp_path / "drain-forecast.json"
-    env = {df.FORECAST_ENV: str(forecast)}
-    df.write(df.Result(3, 2, 1, 0, 0), env)
-    assert df.read_result(str(forecast)) == df.Result(3, 2, 1, 0, 0)
-    own = f"{df.RESULT_PREFIX}{os.getpid()}.json"
+    df.write(df.Result(3, 2, 1, 0, 0), {run_files.ENV: str(tmp_path)})
+    assert df.read_result(tmp_path) == df.Result(3, 2, 1, 0, 0)
+    own = f"{run_files.RESULT}{os.getpid()}.json"
     assert [p.name for p in tmp_path.iterdir()] == [own]  # no temporary left
-    assert df.read(str(forecast)) is None  # a result is not a forecast
+    assert df.read(tmp_path) is None  # a result is not a forecast
     # --api-server-count 2: each API server process counts its own requests; they add up
     other = dataclasses.asdict(df.Result(2, 1, 0, 0, 1))
-    (tmp_path / f"{df.RESULT_PREFIX}1.json").write_text(json.dumps(other))
-    assert df.read_result(str(forecast)) == df.Result(5, 3, 1, 0, 1)
+    (tmp_path / f"{run_files.RESULT}1.json").write_text(json.dumps(other))
+    assert df.read_result(tmp_path) == df.Result(5, 3, 1, 0, 1)
 
 
 @pytest.mark.parametrize("kind", ["missing", "symlink", "wrong-keys", "bool", "float", "negative"])
 def test_read_result_refuses_what_is_not_a_result(tmp_path, kind):
-    path = tmp_path / f"{df.RESULT_PREFIX}1.json"
+    path = tmp_path / f"{run_files.RESULT}1.json"
     good = dataclasses.asdict(df.Result(3, 2, 1, 0, 0))
     if kind == "symlink":
         (tmp_path / "real").write_text(json.dumps(good))
@@ -265,4 +263,4 @@ def test_read_result_refuses_what_is_not_a_result(tmp_path, kind):
         path.write_text(
             json.dumps({**good, "finished": {"bool": True, "float": 2.0}.get(kind, -1)})
         )
-    assert df.read_result(str(tmp_path / "drain-forecast.json")) is None
+    assert df.read_result(tmp_path) is None

@@ -132,6 +132,33 @@ def test_failed_apply_is_reported_and_rolled_back(fakes):
     assert p.target.attr == "orig" and not hasattr(p.target, "added")
 
 
+class Raises(Fake):
+    def check(self):
+        raise RuntimeError("unknown shape")
+
+
+@pytest.mark.parametrize(
+    "version,lifecycle,reason",
+    [
+        ("1.5", False, "RuntimeError: unknown shape"),
+        (None, False, "RuntimeError: unknown shape"),
+        ("2.1", False, "vLLM 2.1 is outside the tested range >=1.0,<=2.0 (its check failed there)"),
+        ("2.1", True, "vLLM 2.1 is outside the tested range >=1.0,<=2.0 (its check failed there)"),
+    ],
+)
+def test_a_check_raising_outside_the_tested_range_is_untested(
+    monkeypatch, version, lifecycle, reason
+):
+    """In the range (or without vLLM) a check that raises is a failure; outside it, opted in or a
+    lifecycle patch, the code the patch never met is the news, not the error."""
+    p = Raises("shaky")
+    p.tested, p.lifecycle = ">=1.0,<=2.0", lifecycle
+    monkeypatch.setattr(_base, "vllm_version", lambda: version)
+    state = "untested" if "outside" in reason else "failed"
+    assert p.apply(allow_untested=True) == state and p.status() == ("shaky", state, reason)
+    assert p.applies == 0
+
+
 def test_not_needed_changes_nothing(fakes):
     for name, state in (("done", "upstream"), ("elsewhere", "not-applicable")):
         assert fakes[name].apply() == state and fakes[name].applies == 0

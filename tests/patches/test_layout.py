@@ -146,6 +146,49 @@ def test_the_wheel_holds_vllm_intel_patches_and_never_maps_to_the_checkout(tmp_p
     site = tmp_path / "site" / "vllm_intel" / "patches"
     assert got["registry"] == got["child"] == str(site / "registry.py")
     assert got["others"] == []
+    # The checkout's entrypoint.py over that install (-S: without this venv's editable one) runs
+    # the installed package, never the checkout's vllm_intel/ beside it (no vllm_intel.patches
+    # there): `serve` reads the patch names and refuses an unknown one in one line, exit 64.
+    (tmp_path / "model").mkdir()
+    r = subprocess.run(
+        [sys.executable, "-S", str(ROOT / "entrypoint.py"), "serve", str(tmp_path / "model")],
+        cwd=tmp_path / "cwd",
+        env=dict(
+            os.environ,
+            PYTHONPATH=str(tmp_path / "site"),
+            INTEL_VLLM_PATCHES="nope",
+            INTEL_VLLM_STATE_FILE=str(tmp_path / "state.json"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 64 and "unknown patch name(s) nope" in r.stderr, r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+
+
+def test_a_checkout_without_an_install_says_so_in_one_line(tmp_path):
+    """The checkout's entrypoint.py with no install of the project (-S: not this venv's editable
+    one): `serve` says what to do in one line, exit 127 (vLLM's processes would look for the
+    plugin in vain); subcommands that need no plugin still run from the checkout's files."""
+    (tmp_path / "model").mkdir()
+
+    def entrypoint(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-S", str(ROOT / "entrypoint.py"), *args],
+            cwd=tmp_path,
+            env=dict(os.environ, INTEL_VLLM_STATE_FILE=str(tmp_path / "state.json")),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    r = entrypoint("serve", str(tmp_path / "model"))
+    assert r.returncode == 127 and r.stdout == "", r
+    assert r.stderr.startswith("entrypoint.py: the vllm-intel package is not installed"), r.stderr
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    r = entrypoint("grace-period")
+    assert r.returncode == 0 and r.stdout.strip().isdigit(), r
 
 
 def test_the_images_build_the_wheel_from_patches():

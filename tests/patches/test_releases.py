@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from _patchtest import run_json
@@ -27,12 +28,18 @@ RELEASES = RECORDED["releases"]
 
 
 @pytest.fixture(scope="module")
-def verdicts(default_python):
-    from concurrent.futures import ThreadPoolExecutor
+def on_sources(default_python):
+    """Every run of this module on the releases' sources, two at a time (each is one python
+    importing vLLM): ({release: future of its verdict}, future of MUTATED's JSON on 0.34.0)."""
+    with ThreadPoolExecutor(2) as pool:
+        verdicts = {v: pool.submit(TOOL.verdict, v, str(default_python)) for v in RELEASES}
+        env = {"PYTHONPATH": str(TOOL.source("0.34.0"))}
+        yield verdicts, pool.submit(run_json, default_python, MUTATED, env=env)
 
-    with ThreadPoolExecutor(2) as pool:  # two at a time: each is one python importing vLLM
-        done = pool.map(lambda v: TOOL.verdict(v, str(default_python))["patches"], RELEASES)
-        return dict(zip(RELEASES, done, strict=True))
+
+@pytest.fixture(scope="module")
+def verdicts(on_sources):
+    return {v: done.result()["patches"] for v, done in on_sources[0].items()}
 
 
 def test_the_followed_releases_are_the_recipe_tables():
@@ -102,11 +109,10 @@ print(json.dumps([state, drain_deadline.PATCH.reason]))
 
 
 @pytest.mark.vllm
-def test_a_target_unlike_the_tested_code_leaves_the_patch_out(default_python):
+def test_a_target_unlike_the_tested_code_leaves_the_patch_out(on_sources):
     """The fingerprint is what carries drain-deadline to 0.34.0: recorded for other code, the
     patch is untested there and names the target."""
-    env = {"PYTHONPATH": str(TOOL.source("0.34.0"))}
-    state, reason = run_json(default_python, MUTATED, env=env)
+    state, reason = on_sources[1].result()
     assert state == "untested", reason
     assert reason.startswith("vLLM 0.34.0 is outside the tested range >=0.27.1,<=0.32.0; ")
     assert "changed since 0.32.0: vllm.v1.engine.core:EngineCoreProc._handle_shutdown (" in reason

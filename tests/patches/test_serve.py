@@ -19,7 +19,7 @@ import requests
 import vllm_intel.patches as vip
 from tests.harness import ROOT
 from tests.harness.patch_states import serve_expectations
-from vllm_intel import startup_phases
+from vllm_intel import run_files
 from vllm_intel.supervisor.reports import RunReports
 
 READY_TIMEOUT = 240  # generous: a cold torch.compile on a loaded 2-core CI machine
@@ -122,7 +122,7 @@ def test_vllm_serve_loads_plugin_in_every_process(vllm_venv, tiny_model, tmp_pat
         vllm_venv(version),
         tiny_model,
         tmp_path / "serve.log",
-        extra_env={startup_phases.DIR_ENV: str(reports)},
+        extra_env={run_files.ENV: str(reports)},
     )
     tail = res["log"][-4000:]
     assert res["ready_s"] is not None, f"not ready in {READY_TIMEOUT}s:\n{tail}"

@@ -10,13 +10,14 @@ import os
 
 import pytest
 
+from vllm_intel import run_files
 from vllm_intel import startup_phases as sp
 from vllm_intel.supervisor.reports import RunReports, cache_verdict, phases_text
 
 
 @pytest.fixture
 def installed(tmp_path, monkeypatch):
-    monkeypatch.setenv(sp.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(run_files.ENV, str(tmp_path))
     before = logging.getLogRecordFactory()
     sp.install(lambda: "Worker")
     log = logging.getLogger("vllm.test_startup_phases")
@@ -89,10 +90,10 @@ def test_reworded_lines_below_the_level_and_bad_args_record_nothing(installed):
 
 def test_installing_twice_wraps_once_and_no_directory_installs_nothing(tmp_path, monkeypatch):
     before = logging.getLogRecordFactory()
-    monkeypatch.delenv(sp.DIR_ENV, raising=False)
+    monkeypatch.delenv(run_files.ENV, raising=False)
     sp.install(lambda: "Worker")
     assert logging.getLogRecordFactory() is before  # no run directory: nothing to write to
-    monkeypatch.setenv(sp.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(run_files.ENV, str(tmp_path))
     sp.install(lambda: "Worker")
     ours = logging.getLogRecordFactory()
     sp.install(lambda: "Worker")
@@ -102,7 +103,7 @@ def test_installing_twice_wraps_once_and_no_directory_installs_nothing(tmp_path,
 
 
 def test_an_unwritable_directory_never_fails_the_log_call(tmp_path, monkeypatch):
-    monkeypatch.setenv(sp.DIR_ENV, str(tmp_path / "gone"))
+    monkeypatch.setenv(run_files.ENV, str(tmp_path / "gone"))
     sp.install(lambda: "Worker")
     try:
         logging.getLogger("vllm.x").warning(sp.INIT + "%.2f s", 3.0)  # must not raise

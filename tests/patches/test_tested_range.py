@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import pathlib
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from _patchtest import run_json, run_py
@@ -17,7 +18,7 @@ from test_framework import Fake
 import vllm_intel.patches as vip
 from tests.harness import ROOT
 from tests.harness.patch_states import exercised, expected_state, range_disagreements
-from vllm_intel.patches import _base, registry
+from vllm_intel.patches import _base, _release_gate, registry
 
 LIFECYCLE = {p.name for p in vip.declarations() if p.lifecycle}
 KNOWN = ("0.24.0", "0.27.1", "0.32.0", "0.33.0", "0.34.0")  # the releases the project follows
@@ -57,7 +58,7 @@ def ranged(monkeypatch):
     ],
 )
 def test_outside(version, tested, out):
-    got = _base.outside(version, tested)
+    got = _release_gate.outside(version, tested)
     assert got == out if out is None else got.startswith(out) and got.endswith(tested)
 
 
@@ -230,14 +231,31 @@ def cli_states(python, code: str, env: dict) -> dict[str, str]:
     return {line.split()[0]: line for line in cp.stdout.splitlines()}
 
 
+BUSY = {"VLLM_SHM_BROADCAST_BUSY_SLEEP_S": "0.0001"}
+OPTED_IN = {**BUSY, registry.UNTESTED_ENV: "1"}
+
+
+@pytest.fixture(scope="module")
+def cli(default_python):
+    """{(script, opted in): future of its cli_states}: the CLI as is, as if on a newer release
+    with the tested code, and with every target changed; two processes at a time."""
+    runs = {
+        ("tested", False): (CLI, BUSY),
+        ("tested", True): (CLI, OPTED_IN),
+        ("changed", False): (CLI_AS_IF.format(changed=True), BUSY),
+        ("changed", True): (CLI_AS_IF.format(changed=True), OPTED_IN),
+        ("same code", False): (CLI_AS_IF.format(changed=False), BUSY),
+    }
+    with ThreadPoolExecutor(2) as pool:
+        yield {k: pool.submit(cli_states, default_python, *v) for k, v in runs.items()}
+
+
 @pytest.mark.parametrize("opt_in", [False, True])
-def test_cli_on_a_release_whose_code_changed(default_python, opt_in):
-    env = {registry.UNTESTED_ENV: "1"} if opt_in else {}
-    env["VLLM_SHM_BROADCAST_BUSY_SLEEP_S"] = "0.0001"
-    rows = cli_states(default_python, CLI_AS_IF.format(changed=True), env)
+def test_cli_on_a_release_whose_code_changed(cli, opt_in):
+    rows = cli["changed", opt_in].result()
     # Opted in, each patch decides as on the tested release it runs on: applied or upstream, or
     # not-applicable where the hardware says so (cpu-amx-tiles on a CPU without AMX tiles).
-    tested = cli_states(default_python, CLI, env)
+    tested = cli["tested", opt_in].result()
     for name, line in rows.items():
         state, was = line.split()[1], tested[name].split()[1]
         if was in ("upstream", "not-applicable"):  # a verdict that only reads stands anywhere
@@ -254,12 +272,11 @@ def test_cli_on_a_release_whose_code_changed(default_python, opt_in):
     assert set(rows) == set(EXERCISED)
 
 
-def test_cli_on_a_newer_release_with_the_tested_code(default_python):
+def test_cli_on_a_newer_release_with_the_tested_code(cli):
     """Outside every range, the targets' code is 0.32.0's: each patch decides as it does on
     0.32.0, its reason says why it applies there."""
-    env = {"VLLM_SHM_BROADCAST_BUSY_SLEEP_S": "0.0001"}
-    rows = cli_states(default_python, CLI_AS_IF.format(changed=False), env)
-    tested = cli_states(default_python, CLI, env)
+    rows = cli["same code", False].result()
+    tested = cli["tested", False].result()
     for name, line in rows.items():
         assert line.split()[1] == tested[name].split()[1], (line, tested[name])
         if line.split()[1] == "applied":

@@ -10,8 +10,12 @@ device, with and without it; Buildkite's GPU step).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from _patchtest import run_json
+
+from vllm_intel.supervisor.timing import XPU_MIN_DRAIN_S
 
 # The followed releases these tests run the patch on: an observation of this file, checked against
 # the patch's own `tested` range by test_tested_range.py (the union over the test files).
@@ -52,7 +56,9 @@ state = PATCH.apply()
 
 # 1. shutdown_timeout 0 -> 5 through the real XPUPlatform.check_and_update_config
 from vllm.config import VllmConfig
+del events[:]
 cfg = VllmConfig()                                     # __post_init__ calls the platform hook
+config_log = list(events)
 timeout = cfg.shutdown_timeout
 cfg7 = VllmConfig(shutdown_timeout=7)
 
@@ -86,23 +92,54 @@ PATCH.revert()
 reverted = "shutdown" not in vars(xw.XPUWorker)
 print(json.dumps(dict(check=check, state=state, reason=reason, timeout=timeout,
                       timeout7=cfg7.shutdown_timeout, worker_events=worker_events,
-                      runner_events=runner_events, reverted=reverted)))
+                      runner_events=runner_events, reverted=reverted, config_log=config_log)))
 """
 
 
-@pytest.fixture
-def sim_env(old_xpu_vllm_source, fake_xpu_kernels):
-    return {"PYTHONPATH": f"{old_xpu_vllm_source}:{fake_xpu_kernels}", "VLLM_TARGET_DEVICE": "cpu"}
+CPU_PLATFORM = """
+import json, vllm.v1.worker.xpu_worker as xw
+from vllm_intel.patches.xpu_shutdown import PATCH
+print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason,
+                      added="shutdown" in vars(xw.XPUWorker))))
+"""
+
+FIXED = """
+import json
+import vllm.platforms as platforms
+platforms._current_platform = type("FakeXPU", (), {"is_xpu": lambda self: True,
+                                                   "device_type": "xpu"})()
+from vllm_intel.patches.xpu_shutdown import PATCH, missing_pieces
+print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason, missing=missing_pieces())))
+"""
+
+
+@pytest.fixture(scope="module")
+def on_0240(default_python, old_xpu_vllm_source, fake_xpu_kernels):
+    """{"simulated": SIMULATE's JSON, "cpu": CPU_PLATFORM's}, as futures: the real 0.24.0
+    sources first on the path; both processes at once (one core each)."""
+    env = {"PYTHONPATH": f"{old_xpu_vllm_source}:{fake_xpu_kernels}", "VLLM_TARGET_DEVICE": "cpu"}
+    with ThreadPoolExecutor(2) as pool:
+        yield {
+            name: pool.submit(run_json, default_python, code, env=env)
+            for name, code in (("simulated", SIMULATE), ("cpu", CPU_PLATFORM))
+        }
+
+
+@pytest.fixture(scope="module")
+def fixed_releases(vllm_python):
+    """{version: future of FIXED's JSON in that release's venv}, both at once."""
+    with ThreadPoolExecutor(2) as pool:
+        yield {v: pool.submit(run_json, vllm_python(v), FIXED) for v in ("0.32.0", "0.27.1")}
 
 
 @pytest.mark.vllm
-def test_simulated_xpu_on_real_vllm_0240(default_python, sim_env):
-    out = run_json(default_python, SIMULATE, env=sim_env)
+def test_simulated_xpu_on_real_vllm_0240(on_0240):
+    out = on_0240["simulated"].result()
     assert out["check"][0] == "needed"
     assert out["state"] == "applied", out
     # all three pieces 0.24.0 lacks; its Worker.shutdown does not touch CuMemAllocator at all
     assert out["reason"] == "patched: shutdown-timeout,worker-release-pools,runner-cleanup"
-    assert out["timeout"] == 5 and out["timeout7"] == 7
+    assert out["timeout"] == XPU_MIN_DRAIN_S and out["timeout7"] == 7  # the supervisor's floor
     w = out["worker_events"]
     assert "log:XPU platform: set server shutdown_timeout=5." not in w  # logged at config time
     assert w[0] == "log:XPUWorker shutdown: cleaning up (rank=0, local_rank=0)"
@@ -117,47 +154,23 @@ def test_simulated_xpu_on_real_vllm_0240(default_python, sim_env):
 
 
 @pytest.mark.vllm
-def test_shutdown_timeout_is_logged(default_python, sim_env):
-    out = run_json(
-        default_python,
-        SIMULATE.replace(
-            "cfg = VllmConfig()", "del events[:]\ncfg = VllmConfig()\nworker_log = list(events)"
-        ).replace("reverted=reverted)", "reverted=reverted, worker_log=worker_log)"),
-        env=sim_env,
-    )
-    assert "log:XPU platform: set server shutdown_timeout=5." in out["worker_log"]
+def test_shutdown_timeout_is_logged(on_0240):
+    out = on_0240["simulated"].result()
+    said = f"log:XPU platform: set server shutdown_timeout={XPU_MIN_DRAIN_S}."
+    assert said in out["config_log"]
 
 
 @pytest.mark.vllm
-def test_cpu_platform_on_vllm_0240_is_not_applicable(default_python, sim_env):
-    out = run_json(
-        default_python,
-        """
-import json, vllm.v1.worker.xpu_worker as xw
-from vllm_intel.patches.xpu_shutdown import PATCH
-print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason,
-                      added="shutdown" in vars(xw.XPUWorker))))
-""",
-        env=sim_env,
-    )
+def test_cpu_platform_on_vllm_0240_is_not_applicable(on_0240):
+    out = on_0240["cpu"].result()
     assert out == dict(state="not-applicable", reason="platform is cpu, not xpu", added=False)
 
 
 @pytest.mark.vllm
 @pytest.mark.parametrize("version", ["0.32.0", "0.27.1"])
-def test_fixed_releases_report_upstream(vllm_python, version):
+def test_fixed_releases_report_upstream(fixed_releases, version):
     """Even with a simulated XPU platform, releases carrying PR #46433 are left alone."""
-    out = run_json(
-        vllm_python(version),
-        """
-import json
-import vllm.platforms as platforms
-platforms._current_platform = type("FakeXPU", (), {"is_xpu": lambda self: True,
-                                                   "device_type": "xpu"})()
-from vllm_intel.patches.xpu_shutdown import PATCH, missing_pieces
-print(json.dumps(dict(state=PATCH.apply(), reason=PATCH.reason, missing=missing_pieces())))
-""",
-    )
+    out = fixed_releases[version].result()
     assert out == dict(state="upstream", reason="vLLM carries PR #46433", missing=[])
 
 

@@ -34,21 +34,29 @@ def fake_answers(port: int, path: str = "/health") -> bool:
     return True
 
 
+def fake_env(tmp: pathlib.Path, shm: pathlib.Path | None = None, **extra: str) -> dict[str, str]:
+    """The environment of a supervisor of the fake vLLM in `tmp` (its state file and /dev/shm
+    stand-in there, or `shm`; tmp/model made), a drain of 1 s, plus `extra`."""
+    shm = shm or tmp / "shm"
+    for d in (tmp / "model", shm):
+        d.mkdir(exist_ok=True)
+    env = dict(
+        os.environ,
+        PYTHONPATH=str(FAKE),
+        TMPDIR=str(tmp),
+        INTEL_VLLM_STATE_FILE=str(tmp / "state.json"),
+        INTEL_VLLM_SHM_DIR=str(shm),
+        INTEL_VLLM_DRAIN_TIMEOUT="1",
+    )
+    return env | extra
+
+
 class Run:
     def __init__(self, tmp: pathlib.Path, env: dict[str, str], args: list[str] | None = None):
         self.tmp = tmp
         self.port = free_port()
         self.model = tmp / "model"
-        self.model.mkdir(exist_ok=True)
-        (tmp / "shm").mkdir(exist_ok=True)
-        self.env = dict(
-            os.environ,
-            PYTHONPATH=str(FAKE),
-            TMPDIR=str(tmp),
-            INTEL_VLLM_STATE_FILE=str(tmp / "state.json"),
-            INTEL_VLLM_SHM_DIR=str(tmp / "shm"),
-        )
-        self.env.update({"INTEL_VLLM_DRAIN_TIMEOUT": "1", **env})
+        self.env = fake_env(tmp, **env)
         argv = args if args is not None else ["serve", str(self.model), "--port", str(self.port)]
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "entrypoint.py"), *argv],
@@ -133,3 +141,11 @@ def run(tmp_path):
         if r.proc.poll() is None:
             r.proc.send_signal(signal.SIGKILL)
             r.proc.wait()
+
+
+def serving(run, env: dict[str, str]) -> tuple[Run, int]:
+    """run(env) with the probe port on a free port, once the supervisor says SERVING."""
+    port = free_port()
+    r = run({"INTEL_VLLM_PROBE_PORT": str(port), **env})
+    r.wait_for(lambda: r.state() == "SERVING")
+    return r, port

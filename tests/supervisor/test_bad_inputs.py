@@ -15,7 +15,7 @@ from tests.harness import ROOT
 from vllm_intel.supervisor import errors, paths, settings, timing, vllm_args, workload
 from vllm_intel.supervisor.errors import ConfigError
 
-from .conftest import FAKE, free_port
+from .conftest import fake_env, free_port
 
 BILLION_LAUGHS = "".join(
     ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n']
@@ -24,15 +24,7 @@ BILLION_LAUGHS = "".join(
 
 
 def entrypoint(tmp: pathlib.Path, *args: str, env: dict[str, str] | None = None, timeout=20):
-    full = dict(
-        os.environ,
-        PYTHONPATH=str(FAKE),
-        HOME=str(tmp),
-        TMPDIR=str(tmp),
-        INTEL_VLLM_STATE_FILE=str(tmp / "state.json"),
-        INTEL_VLLM_SHM_DIR=str(tmp),
-    )
-    full.update(env or {})
+    full = fake_env(tmp, shm=tmp, HOME=str(tmp)) | (env or {})
     return subprocess.run(
         [sys.executable, str(ROOT / "entrypoint.py"), *args],
         env=full,

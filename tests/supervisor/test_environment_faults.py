@@ -21,7 +21,7 @@ import pytest
 
 from vllm_intel.supervisor import timing
 
-from .conftest import FAKE, ROOT, fake_answers, free_port
+from .conftest import FAKE, ROOT, fake_answers, fake_env, free_port, serving
 
 # -- an HTTP proxy in the environment -------------------------------------------------------------
 
@@ -96,22 +96,6 @@ def test_a_dead_proxy_does_not_keep_a_ready_vllm_starting_nor_fail_probe(run):
     r.signal(signal.SIGTERM)
     code, out, _ = r.finish()
     assert code == 0, out
-
-
-def fake_env(tmp_path: pathlib.Path, **extra: str) -> dict[str, str]:
-    """The environment of a supervisor of the fake vLLM in `tmp_path` (its model, /dev/shm stand-in
-    and state file there), a drain of 1 s, plus `extra`."""
-    (tmp_path / "model").mkdir(exist_ok=True)
-    (tmp_path / "shm").mkdir(exist_ok=True)
-    return dict(
-        os.environ,
-        PYTHONPATH=str(FAKE),
-        TMPDIR=str(tmp_path),
-        INTEL_VLLM_STATE_FILE=str(tmp_path / "state.json"),
-        INTEL_VLLM_SHM_DIR=str(tmp_path / "shm"),
-        INTEL_VLLM_DRAIN_TIMEOUT="1",
-        **extra,
-    )
 
 
 # -- a SIGTERM while PID 1 is starting ------------------------------------------------------------
@@ -289,17 +273,15 @@ def test_the_metrics_linger_after_a_forced_drain_ends_before_the_grace_period(ru
     """A forced drain (vLLM ignores SIGTERM: killed at the deadline, 10 s with a drain of 0) with
     requests in flight and a linger of 5 s: the orchestrator SIGKILLs at the end of the grace
     period (15 s), so the linger must end before it for the exit code to be 124, not 137."""
-    port = free_port()
-    r = run(
+    r, port = serving(
+        run,
         {
-            "INTEL_VLLM_PROBE_PORT": str(port),
             "INTEL_VLLM_METRICS_LINGER_S": "5",
             "INTEL_VLLM_DRAIN_TIMEOUT": "0",
             "FAKE_RUNNING": "2",
             "FAKE_ON_TERM": "ignore",
-        }
+        },
     )
-    r.wait_for(lambda: r.state() == "SERVING")
     time.sleep(0.6)  # a /metrics sample: requests in flight
     t0 = time.monotonic()
     r.signal(signal.SIGTERM)

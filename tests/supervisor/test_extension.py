@@ -39,6 +39,13 @@ RUN = textwrap.dedent(
             if calls[-1][:2] != [self.name, "tick"]:  # every turn; recorded once in a row
                 self.record("tick", sup, sup.returncode)
 
+        def on_group_gone(self, sup):
+            self.record("group gone", sup, sup.returncode, sup.group_alive())
+
+        def exit_words(self, sup):
+            self.record("exit words", sup, sup.returncode)
+            return f"; {self.name} said"
+
         def on_exit(self, sup):
             self.record("exit", sup, sup.returncode)
 
@@ -74,5 +81,15 @@ def test_the_loop_calls_each_hook_in_order_from_its_thread(tmp_path):
         ["b", "spawn", "STARTING", True],
     ], calls
     assert calls[4:6] == [["a", "tick", None], ["b", "tick", None]], calls
-    assert calls[-3:] == [["loop", "returned", 70], ["a", "exit", 0], ["b", "exit", 0]], calls
-    assert all(c[1] in ("tick", "state") for c in calls[4:-3]), calls  # nothing else between
+    gone = calls.index(["a", "group gone", 0, False])  # after the group is gone, before the line
+    assert calls[gone + 1] == ["b", "group gone", 0, False], calls
+    assert calls[-5:] == [
+        ["a", "exit words", 0],
+        ["b", "exit words", 0],
+        ["loop", "returned", 70],
+        ["a", "exit", 0],
+        ["b", "exit", 0],
+    ], calls
+    assert all(c[1] in ("tick", "state") for c in calls[4:gone] + calls[gone + 2 : -5]), calls
+    # the exit line carries the extensions' words, in their order
+    assert "without a stop request; a said; b said" in r.stderr, r.stderr[-3000:]

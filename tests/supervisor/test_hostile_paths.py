@@ -19,7 +19,7 @@ import pytest
 from vllm_intel.supervisor import janitor, probe_client
 from vllm_intel.supervisor.errors import Exit
 
-from .conftest import FAKE, ROOT, SIGTERM, free_port
+from .conftest import ROOT, SIGTERM, fake_env, free_port
 
 OTHER_UID = 12345
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount, chown)")
@@ -79,13 +79,7 @@ def test_a_shm_dir_the_run_cannot_write_is_one_line_and_leaves_nothing(tmp_path,
         os.chown(shm, OTHER_UID, OTHER_UID)
         shm.chmod(0o700 if case.endswith("0700") else 0o755)
         prefix = AS_NOT_OWNER
-    env = dict(
-        os.environ,
-        PYTHONPATH=str(FAKE),
-        TMPDIR=str(tmp),
-        INTEL_VLLM_SHM_DIR=str(shm),
-        INTEL_VLLM_STATE_FILE=str(tmp_path / "state.json"),
-    )
+    env = fake_env(tmp_path, shm=shm, TMPDIR=str(tmp))
     argv = [sys.executable, str(ROOT / "entrypoint.py"), "serve", str(model)]
     done = subprocess.run(
         [*prefix, *argv, "--port", str(free_port())],

@@ -185,8 +185,8 @@ def test_a_slow_log_reader_gets_whole_json_lines_and_the_exit_record(tmp_path):
     write's wait runs out mid-line, the rest of that line comes before any other line (the
     supervisor's records and vLLM's lines were glued onto half lines), lines not started are
     dropped whole, and the exit record comes."""
+    from .conftest import fake_env
     from .test_descendants import fake_with
-    from .test_environment_faults import fake_env
 
     env = {**fake_env(tmp_path, INTEL_VLLM_LOG_FORMAT="json"), **fake_with(tmp_path, CHATTY)}
     argv = [sys.executable, str(ROOT / "entrypoint.py"), "serve", str(tmp_path / "model")]

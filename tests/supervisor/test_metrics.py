@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from vllm_intel.supervisor import metrics as m
 
-from .conftest import free_port
+from .conftest import free_port, serving
 
 
 def scrape(port: int) -> dict[tuple[str, tuple], float]:
@@ -108,20 +108,18 @@ def test_a_drain_is_visible_while_it_runs_and_its_outcome_after_vllms_exit(run):
     """The fake vLLM counts 3 requests running and exits 1.5 s after SIGTERM; the probe port's
     /metrics says DRAINING with 3 in flight while it drains, then, during the linger, how the
     drain ended and how long it took; the entrypoint exits at the end of the linger."""
-    port = free_port()
-    r = run(
+    r, port = serving(
+        run,
         {
-            "INTEL_VLLM_PROBE_PORT": str(port),
             "FAKE_RUNNING": "3",
             "FAKE_DRAIN": "1.5",
             "INTEL_VLLM_METRICS_LINGER_S": "3",
-        }
+        },
     )
-    r.wait_for(lambda: r.state() == "SERVING")
-    serving = scrape(port)
-    assert value(serving, "vllm_intel_state", vllm_intel_state="SERVING") == 1
-    assert value(serving, "vllm_intel_ready_seconds") > 0
-    assert value(serving, "vllm_intel_drains_total", outcome="finished") == 0
+    before = scrape(port)
+    assert value(before, "vllm_intel_state", vllm_intel_state="SERVING") == 1
+    assert value(before, "vllm_intel_ready_seconds") > 0
+    assert value(before, "vllm_intel_drains_total", outcome="finished") == 0
     r.signal(signal.SIGTERM)
     time.sleep(1.0)
     draining = scrape(port)
@@ -143,20 +141,18 @@ def test_the_drain_counts_are_vllms_own_where_it_wrote_them(run, tmp_path):
     the test writes it, as drain-deadline does at each end); the exit line and the probe port's
     drain series give those counts, not the /metrics samples: the fake vLLM's /metrics counts 3
     running to its end and no finish, as a last sample taken before the last ends would."""
-    from vllm_intel import drain_forecast
+    from vllm_intel import drain_forecast, run_files
 
-    port = free_port()
-    r = run(
+    r, port = serving(
+        run,
         {
-            "INTEL_VLLM_PROBE_PORT": str(port),
             "FAKE_RUNNING": "3",
             "FAKE_DRAIN": "3",
             "INTEL_VLLM_METRICS_LINGER_S": "3",
-        }
+        },
     )
-    r.wait_for(lambda: r.state() == "SERVING")
     (run_dir,) = tmp_path.glob("vllm-intel-run-*")
-    env = {drain_forecast.FORECAST_ENV: str(run_dir / "drain-forecast.json")}
+    env = {run_files.ENV: str(run_dir)}
     r.signal(signal.SIGTERM)
     r.wait_for(lambda: r.state() == "DRAINING")
     drain_forecast.write(drain_forecast.Result(3, 2, 1, 0, 0), env)
@@ -178,18 +174,16 @@ def test_the_drain_counts_are_vllms_own_where_it_wrote_them(run, tmp_path):
 
 
 def test_a_second_signal_ends_the_linger_at_once(run):
-    port = free_port()
-    r = run(
+    r, port = serving(
+        run,
         {
-            "INTEL_VLLM_PROBE_PORT": str(port),
             "INTEL_VLLM_METRICS_LINGER_S": "5",
             "FAKE_RUNNING": "2",  # requests in flight: the drain is worth a last scrape
             # A drain the observer can sample (it polls every tick): one that ends at once is
             # over before the first sample, counts nothing in flight, and has no linger.
             "FAKE_DRAIN": "1",
-        }
+        },
     )
-    r.wait_for(lambda: r.state() == "SERVING")
     r.signal(signal.SIGTERM)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # wait until vLLM has exited and the outcome is counted
@@ -277,9 +271,7 @@ def test_startup_phases_are_served_from_the_run_dir(tmp_path):
 
 def test_an_idle_stop_does_not_linger(run):
     """Nothing was in flight: nothing to report, the entrypoint exits at once."""
-    port = free_port()
-    r = run({"INTEL_VLLM_PROBE_PORT": str(port), "INTEL_VLLM_METRICS_LINGER_S": "5"})
-    r.wait_for(lambda: r.state() == "SERVING")
+    r, port = serving(run, {"INTEL_VLLM_METRICS_LINGER_S": "5"})
     t0 = time.monotonic()
     r.signal(signal.SIGTERM)
     code, out, _ = r.finish()

@@ -18,15 +18,15 @@ import pytest
 from tests.harness import ROOT, free_port
 from vllm_intel.supervisor import limits
 
+from .conftest import fake_env
 from .test_descendants import fake_with
-from .test_environment_faults import fake_env
 
 # The loop in a process of its own (it blocks the signals it waits for), its cgroup root the fake
 # tree; vLLM's stand-in bumps the tree's oom_kill counter, then dies as argv[3] says.
 RUN = textwrap.dedent(
     """\
     import os, pathlib, sys
-    from vllm_intel.supervisor import limits, loop, settings
+    from vllm_intel.supervisor import leftovers, limits, loop, settings
 
     tree, counter, how = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     oom_kills, read_limits = limits.oom_kills, limits.read_limits
@@ -34,7 +34,7 @@ RUN = textwrap.dedent(
     limits.read_limits = lambda: read_limits(tree, self_cgroup="0::/\\n4:memory:/")
     child = [sys.executable, "-c", CHILD, counter, how]
     cfg = settings.ServeConfig(argv=child, port=int(sys.argv[4]), drain=1, notes=[])
-    sup = loop.Supervisor(cfg, pathlib.Path(sys.argv[5]))
+    sup = loop.Supervisor(cfg, pathlib.Path(sys.argv[5]), [leftovers.OomKills()])
     loop.Supervisor.block_signals()
     assert sup.spawn(dict(os.environ)) is None
     sys.exit(sup.run())

@@ -87,21 +87,53 @@ def test_no_function_in_the_package_is_longer_than_a_screen():
     assert long == [], long
 
 
-# What runs beside the loop reaches it through extension.Extension only (docs/CONVENTIONS.md).
-EXTENSIONS = {"metrics", "relay", "hub", "cli"}
+# The core: the loop and all it imports, directly or through another (decisions/0011 counts
+# their lines). What runs beside it is an extension, each named here, reaching the loop through
+# extension.Extension only (docs/CONVENTIONS.md); cli makes them and passes them in.
+CORE = {
+    *(
+        f"vllm_intel.supervisor.{m}"
+        for m in ("loop", "extension", "state", "signals", "errors", "timing", "log", "paths")
+    ),
+    "vllm_intel.supervisor.observe",  # the loop's own thread: vLLM's /health and /metrics
+    "vllm_intel.run_files",  # the run directory's files and their shape
+}
+EXTENSIONS = {"metrics", "janitor", "relay", "hub", "reports", "leftovers"}
 
 
-def test_the_loop_imports_no_extension():
-    """The core (loop.py) knows the Extension interface, not the parts that implement it: each
-    of them can be left out without touching the loop."""
+def reached_from(module: str) -> set[str]:
+    """Every project module `module` imports, directly or through another."""
     graph = {name: imports_of(name, path) for name, path in MODULES.items()}
-    reached, todo = set(), ["vllm_intel.supervisor.loop"]
-    while todo:  # every module the loop imports, directly or through another
+    reached, todo = set(), [module]
+    while todo:
         for nxt in graph[todo.pop()] - reached:
             reached.add(nxt)
             todo.append(nxt)
-    found = {m.rpartition(".")[2] for m in reached} & EXTENSIONS
-    assert "vllm_intel.supervisor.extension" in reached and found == set(), found
+    return reached
+
+
+def test_the_loop_imports_only_the_core():
+    """The core (loop.py and what it imports) knows the Extension interface, not the parts that
+    implement it: each of them can be left out without touching the loop."""
+    loop = "vllm_intel.supervisor.loop"
+    core = reached_from(loop) - {"vllm_intel", "vllm_intel.supervisor"} | {loop}  # no code there
+    assert core == CORE, sorted(core ^ CORE)
+
+
+def extension_modules() -> set[str]:
+    """The supervisor's modules that define a subclass of extension.Extension."""
+    found = set()
+    for path in (ROOT / "vllm_intel" / "supervisor").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            bases = [ast.unparse(b) for b in getattr(node, "bases", [])]
+            if isinstance(node, ast.ClassDef) and {"Extension", "extension.Extension"} & {*bases}:
+                found.add(path.stem)
+    return found
+
+
+def test_every_extension_is_listed_and_outside_the_core():
+    assert extension_modules() == EXTENSIONS
+    assert not {f"vllm_intel.supervisor.{m}" for m in EXTENSIONS} & CORE
 
 
 PLUGIN = "vllm_intel.patches"

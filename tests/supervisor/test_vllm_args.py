@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -181,17 +182,35 @@ def ours(argv):
     return got
 
 
-@pytest.mark.vllm
-@pytest.mark.parametrize("version", ["0.32.0", "0.27.1"])
-def test_agrees_with_vllms_own_parser(venv_python, tmp_path, version):
+PARSED_ON = ("0.32.0", "0.27.1")
+
+
+@pytest.fixture(scope="module")
+def real_parsers(tmp_path_factory, vllm_venv):
+    """(cases, refused, {version: future of REAL_PARSER's run in that release's venv}): the
+    argv of CASES and of the refused ones with their files written; both venvs at once."""
+    tmp_path = tmp_path_factory.mktemp("vllm-args")
     cases = {name: materialise(tmp_path, name, argv, files) for name, argv, files in CASES}
     refused = {
         name: materialise(tmp_path, name, argv, files)
         for name, (argv, files, _) in {**REFUSED_ONLY_HERE, **DIFFERS}.items()
     }
     payload = json.dumps([FIELDS, {**cases, **refused}])
-    code = f"import json\nDATA = json.loads({payload!r})\n"
-    res = venv_python(version, code + REAL_PARSER, timeout=180)
+    code = f"import json\nDATA = json.loads({payload!r})\n" + REAL_PARSER
+
+    def run(version):
+        python = str(vllm_venv(version) / "bin" / "python")
+        return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=180)
+
+    with ThreadPoolExecutor(2) as pool:
+        yield cases, refused, {v: pool.submit(run, v) for v in PARSED_ON}
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("version", PARSED_ON)
+def test_agrees_with_vllms_own_parser(real_parsers, version):
+    cases, refused, runs = real_parsers
+    res = runs[version].result()
     line = next((x for x in res.stdout.splitlines() if x.startswith("RESULT")), None)
     assert line, res.stderr[-3000:]
     real, options = json.loads(line[len("RESULT") :])

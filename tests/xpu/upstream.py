@@ -16,6 +16,7 @@ Importable by a script as well as by the tests (needs dockerfile_parse, of requi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -38,19 +39,21 @@ class Found:
     where: str  # "docker/Dockerfile.xpu:82: wget https://..." (the upstream line, for messages)
 
 
+@functools.cache
 def read_members(sdist: str, version: str) -> dict[str, str]:
+    """The recipe's files of the sdist ("" for one it lacks), read in one pass of the archive."""
     names = (
         "docker/Dockerfile.xpu",
         "requirements/xpu.txt",
         ".buildkite/scripts/publish-release-images.sh",
     )
-    out = {}
-    with tarfile.open(sdist) as tf:
-        for name in names:
-            try:
-                out[name] = tf.extractfile(f"vllm-{version}/{name}").read().decode()
-            except KeyError:
-                out[name] = ""
+    out = dict.fromkeys(names, "")
+    prefix = f"vllm-{version}/"
+    with tarfile.open(sdist, "r|gz") as tf:
+        for member in tf:
+            name = member.name.removeprefix(prefix)
+            if name in out and member.isfile():
+                out[name] = tf.extractfile(member).read().decode()
     return out
 
 

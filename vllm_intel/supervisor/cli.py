@@ -11,7 +11,7 @@ import signal
 import sys
 import tempfile
 
-from .. import drain_forecast, startup_phases
+from .. import run_files
 from . import errors, limits, paths, runtime, settings, timing, workload
 from .errors import ConfigError, Exit, StoppedBeforeStart
 from .log import json_mode, log, record, write_lines
@@ -27,11 +27,9 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
     # vLLM's sockets, inductor's scratch files and vllm_dist_* files land here and go with it.
     env["TMPDIR"] = str(run_dir)
     env["VLLM_RPC_BASE_PATH"] = str(run_dir)
-    # Where drain-deadline leaves its drain forecast, and beside it each API server's counts of
-    # the drain's ends, for the exit line (nobody else's files).
-    env[drain_forecast.FORECAST_ENV] = str(run_dir / "drain-forecast.json")
-    # Where each vLLM process's plugin leaves its patch states and start-up phases (reports.py).
-    env[startup_phases.DIR_ENV] = str(run_dir)
+    # Where vLLM's processes leave their reports: patch states, start-up phases, the drain's
+    # forecast and counts (run_files.py; reports.py reads them).
+    env[run_files.ENV] = str(run_dir)
     # Keep compiled kernels across runs (a warm start skips torch.compile's work: docs/bench.md,
     # "Start times per model size"); it is a cache, not litter.
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.inductor_cache(os.environ)))
@@ -125,8 +123,9 @@ def start(args: list[str]) -> int:
     for note in cfg.notes:  # only now: a refused input is one line, not notes and then the error
         log(note)
     check_stop("the plan")
-    # psutil and the loop's imports only now: a missing vLLM is reported by any python3.
-    from . import loop  # noqa: F401  (imported here, so the stop check below covers it)
+    # The run's imports (psutil: the janitor's, leftovers') only now: a missing vLLM is reported
+    # by any python3.
+    from . import janitor, leftovers, loop  # noqa: F401  (so the stop check below covers them)
 
     check_stop("the imports")
     return supervise(cfg, plan, state_path, probe_port)
@@ -140,6 +139,7 @@ def supervise(
 ) -> int:
     """The run itself, in its run directory, from the preflight checks to vLLM's exit."""
     from . import hub, janitor
+    from .leftovers import Descendants, OomKills
     from .loop import Supervisor
     from .relay import Relay
     from .reports import RunReports
@@ -156,15 +156,18 @@ def supervise(
         reports = RunReports(run.path)  # what vLLM's processes report as they start
         # Beside the loop (extension.py), in this order: the probe port's /metrics; what vLLM
         # maps in shm becomes this run's claim; with JSON logs, the relay of vLLM's output; with
-        # a repo id and the hub on, its download's progress.
+        # a repo id and the hub on, its download's progress; what vLLM's processes report (the
+        # ready and exit lines' words, the drain's before an OOM kill's); the cgroup's OOM kills
+        # (counted as it is made: before the spawn); vLLM's processes that outlive its group.
         metrics = None
         if probe_port is not None:
             from .metrics import Metrics
 
             metrics = Metrics(reports=reports, linger_s=cfg.metrics_linger)
         relay = Relay() if json_mode() else None
-        parts = (metrics, run, relay, hub.download_progress(cfg))
-        sup = Supervisor(cfg, state_path, [e for e in parts if e is not None], reports)
+        parts = (metrics, run, relay, hub.download_progress(cfg), reports)
+        parts += (OomKills(), Descendants())
+        sup = Supervisor(cfg, state_path, [e for e in parts if e is not None])
         try:
             Supervisor.block_signals()
             if probe_port is not None:

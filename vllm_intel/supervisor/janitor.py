@@ -37,7 +37,6 @@ import stat
 import tempfile
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Iterable
 
 import psutil
@@ -45,7 +44,7 @@ import psutil
 from .errors import ConfigError, load_json
 from .extension import Extension
 from .log import log
-from .paths import DIR_FLAGS, RUN_DIR_PREFIX, open_state_dir, shm_not_writable
+from .paths import DIR_FLAGS, RUN_DIR_PREFIX, shm_not_writable
 from .timing import TICK_S
 
 # Intel OpenMP's registration of each process that loads it (libiomp5: `__KMP_REGISTERED_LIB_<pid>_
@@ -612,53 +611,3 @@ def report(found: Sweep) -> None:
             f"left alone {len(found.foreign)} claim(s) / run dir(s) that are not this user's "
             f"files (another user's, a symlink, or not mode 0600): {' '.join(found.foreign)}"
         )
-
-
-# ---------------------------------------------------------------------------------- the state file
-
-
-class StateFile:
-    """The state file, reached through its directory's fd alone (paths.open_state_dir, opened
-    here, once): a directory swapped for a symlink while the server runs redirects neither a
-    write nor the unlink at exit to what the link points at."""
-
-    def __init__(self, path: pathlib.Path):
-        self.path = path  # for messages
-        self.dir_fd = open_state_dir(path.parent)
-        weakref.finalize(self, os.close, self.dir_fd)
-        self.written: tuple[int, int, int] | None = None  # what identifies our last write
-
-    def write(self, content: bytes) -> None:
-        """Replace the file by a new mode-0600 one holding `content`. Written under a new name
-        (O_EXCL: never through a planted symlink), then renamed over the state file's name,
-        which replaces a symlink there instead of following it."""
-        tmp = f".{self.path.name}.{uuid.uuid4().hex[:8]}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o600, dir_fd=self.dir_fd)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(content)
-                f.flush()
-                os.replace(tmp, self.path.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
-                st = os.fstat(f.fileno())  # after the rename, which changes its ctime
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=self.dir_fd)
-            raise
-        self.written = (st.st_dev, st.st_ino, st.st_ctime_ns)
-
-    def remove(self) -> bool:
-        """Unlink the file only if it is still the regular file we wrote last: a user may have put
-        something of their own there since. The ctime too, as an inode number is reused once its
-        file is gone."""
-        if self.written is None:
-            return False
-        try:
-            st = os.stat(self.path.name, dir_fd=self.dir_fd, follow_symlinks=False)
-            same = (st.st_dev, st.st_ino, st.st_ctime_ns) == self.written
-            if not (stat.S_ISREG(st.st_mode) and same):
-                return False
-            os.unlink(self.path.name, dir_fd=self.dir_fd)
-            return True
-        except OSError:
-            return False

@@ -17,15 +17,12 @@ import sys
 import time
 from collections.abc import Sequence
 
-import psutil
-
-from .. import drain_forecast
-from . import errors, janitor, limits, settings, timing
+from . import errors, timing
 from .errors import Exit
 from .extension import Extension
 from .log import LAST_WAIT_S, log, lost_lines
 from .observe import Observer
-from .reports import RunReports, phases_text
+from .paths import StateFile
 from .signals import FORWARDED, NOT_FORWARDED, STOPPING, WATCHED  # noqa: F401 (tests read them here)
 from .state import State
 from .timing import KILL_GRACE_S, ORPHAN_GRACE_S, TICK_S
@@ -157,15 +154,10 @@ def popen_exec(
 
 
 class Supervisor:
-    def __init__(
-        self,
-        cfg: settings.ServeConfig,
-        state_path: pathlib.Path,
-        extensions: Sequence[Extension] = (),
-        reports: RunReports | None = None,
-    ):
+    def __init__(self, cfg, state_path: pathlib.Path, extensions: Sequence[Extension] = ()):
+        """cfg: the run's settings.ServeConfig."""
         self.argv, self.port, self.drain, self.url = cfg.argv, cfg.port, cfg.drain, cfg.url
-        self.state_file = janitor.StateFile(state_path)  # its directory opened here, once
+        self.state_file = StateFile(state_path)  # its directory opened here, once
         self.state = State.STARTING
         self.child: subprocess.Popen | None = None
         self.returncode: int | None = None
@@ -179,11 +171,7 @@ class Supervisor:
         self.escalated = False
         self.group_term_at: float | None = None  # a stop while starting: the group's SIGTERM
         self.observer = Observer(self.url, cfg.count_requests)
-        self.forecast_path: str | None = None  # where vLLM's API server writes the drain forecast
         self.extensions = tuple(extensions)  # what runs beside the loop (extension.py)
-        self.reports = reports or RunReports()  # what vLLM's processes report in the run dir
-        self.forecast = None  # drain_forecast.Forecast, once vLLM's API server wrote it
-        self.oom_kills: int | None = None  # the cgroup's OOM kills before vLLM (limits.py)
 
     # -- set up ---------------------------------------------------------------------------
     @staticmethod
@@ -227,9 +215,7 @@ class Supervisor:
         env: dict[str, str],
         output: tuple[int, int] | None = None,
     ) -> int | None:
-        self.forecast_path = env.get(drain_forecast.FORECAST_ENV)
         try:
-            self.oom_kills = limits.oom_kills()
             self.child = popen_exec(self.argv, env, output)
         except (OSError, subprocess.SubprocessError) as e:  # the latter: the set-up failed
             log(f"cannot execute {self.argv[0]}: {e}")
@@ -259,17 +245,6 @@ class Supervisor:
     def tick_extensions(self) -> None:
         for ext in self.extensions:
             ext.on_tick(self)
-
-    def read_forecast(self):
-        """The drain forecast vLLM's API server wrote (drain_forecast.Forecast), once it exists."""
-        if self.forecast is None and self.forecast_path:
-            self.forecast = drain_forecast.read(self.forecast_path)
-        return self.forecast
-
-    def read_result(self):
-        """How the drain's requests ended as vLLM's API server counted them (drain_forecast.Result),
-        read afresh each time (it rewrites them at each end); None before it wrote any."""
-        return drain_forecast.read_result(self.forecast_path) if self.forecast_path else None
 
     def on_signal(self, sig: int) -> None:
         if sig == signal.SIGCHLD:
@@ -349,7 +324,7 @@ class Supervisor:
     def check_ready(self) -> None:
         if self.state == State.STARTING and self.observer.ready.is_set():
             took = time.monotonic() - self.started
-            said = phases_text(self.reports.startup(), self.reports.graphs())
+            said = "".join(ext.ready_words(self) for ext in self.extensions)
             self.set_state(State.SERVING, f"ready after {took:.1f} s{said}")
 
     # -- exit -----------------------------------------------------------------------------
@@ -390,32 +365,12 @@ class Supervisor:
             log("vLLM's API server is gone but its engine or workers are not: killing the group")
             self.signal_group(signal.SIGKILL)
             self.wait_group(self.time_left(5))
-        self.end_descendants()
+        for ext in self.extensions:  # e.g. vLLM's processes that left its group
+            ext.on_group_gone(self)
         reap_all()
         self.tick_extensions()  # e.g. the relay: vLLM's last lines before the exit line
         log(self.summary(code), event="exit", code=int(code), wait=self.time_left(LAST_WAIT_S))
         return code
-
-    def end_descendants(self) -> None:
-        """Every process of vLLM still running once its group is gone: those that left the group
-        (setsid) and were re-parented to us, the subreaper. SIGTERM, SIGKILL KILL_GRACE_S later,
-        reaped; within time_left; one line."""
-        left = descendants()
-        if not left:
-            return
-        names = ", ".join(f"{p.pid} {_name(p)}" for p in left[:5]) + ", ..." * (len(left) > 5)
-        signal_all(left, signal.SIGTERM)
-        alive = wait_gone(left, self.time_left(KILL_GRACE_S))
-        said = "SIGTERM"
-        if alive:
-            signal_all(alive, signal.SIGKILL)
-            said += f", SIGKILL {KILL_GRACE_S} s later ({len(alive)} ignored SIGTERM)"
-            alive = wait_gone(alive, self.time_left(KILL_GRACE_S))
-        log(
-            f"{len(left)} process(es) of vLLM outside its process group outlived it ({names}): "
-            + said
-            + (f"; {len(alive)} still running at our exit" if alive else "; reaped")
-        )
 
     def time_left(self, seconds: float) -> float:
         """`seconds`, cut to what is left before exit_at. Invariant: after a stop request every
@@ -452,22 +407,11 @@ class Supervisor:
     def summary(self, code: int) -> str:
         rc = self.returncode
         how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with {rc}"
-        oom = limits.oom_cause(self.oom_kills, rc)
+        said = "".join(ext.exit_words(self) for ext in self.extensions) + lost_lines()
         if self.stop_requested_at is None:
-            return f"exit {code}: vLLM {how} without a stop request" + oom + lost_lines()
+            return f"exit {code}: vLLM {how} without a stop request" + said
         took = time.monotonic() - self.stop_requested_at
-        return (
-            f"exit {code}: vLLM {how} {took:.1f} s after the stop request"
-            + self.observer.summary(self.exited_at, self.read_result())
-            + self.forecast_summary()
-            + oom
-            + lost_lines()
-        )
-
-    def forecast_summary(self) -> str:
-        """ "; forecast at SIGTERM: ..." from the API server's drain forecast, or "" if none."""
-        found = self.read_forecast()
-        return "" if found is None else f"; forecast at SIGTERM: {found.brief()}"
+        return f"exit {code}: vLLM {how} {took:.1f} s after the stop request" + said
 
 
 def reap_all() -> None:
@@ -476,48 +420,3 @@ def reap_all() -> None:
             pass
     except ChildProcessError:
         pass
-
-
-def descendants() -> list[psutil.Process]:
-    """Our descendants still running (zombies among our children reaped first)."""
-    reap_all()
-    try:
-        return [p for p in psutil.Process().children(recursive=True) if _running(p)]
-    except psutil.Error:
-        return []
-
-
-def _running(p: psutil.Process) -> bool:
-    """Still the process listed (not a new one with its pid) and not a zombie."""
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def _name(p: psutil.Process) -> str:
-    try:
-        return p.name()
-    except psutil.Error:
-        return "?"
-
-
-def signal_all(procs: list[psutil.Process], sig: int) -> None:
-    """`sig` to each of `procs` that is still the process listed (psutil checks, so a pid reused
-    since is never signalled)."""
-    for p in procs:
-        try:
-            p.send_signal(sig)
-        except psutil.Error:
-            pass
-
-
-def wait_gone(procs: list[psutil.Process], seconds: float) -> list[psutil.Process]:
-    """Reap until `procs` are gone or `seconds` pass; those still running."""
-    end = time.monotonic() + seconds
-    while True:
-        reap_all()
-        alive = [p for p in procs if _running(p)]
-        if not alive or time.monotonic() >= end:
-            return alive
-        time.sleep(0.01)

@@ -242,21 +242,21 @@ class Metrics(Extension):
 
     def on_tick(self, sup) -> None:
         if sup.stop_requested_at is not None:
-            self.drain_progress(drain_counts(sup), sup.read_forecast())
+            self.drain_progress(drain_counts(sup, self.reports), self.reports.forecast())
 
     def on_exit(self, sup) -> None:
         """The stop's outcome; then, if requests were drained, the linger for a last scrape."""
         if sup.stop_requested_at is None:
             return
-        counted = drain_counts(sup)
-        self.drain_progress(counted, sup.read_forecast())
+        counted = drain_counts(sup, self.reports)
+        self.drain_progress(counted, self.reports.forecast())
         aborted = None if counted is None else counted.aborted + counted.failed
         self.drain_s.set((sup.exited_at or time.monotonic()) - sup.stop_requested_at)
         outcome = drain_outcome(
             escalated=sup.escalated, aborted=aborted, was_serving=sup.was_serving
         )
         self.drains.labels(outcome).inc()
-        if self.linger_s and drained_requests(sup):
+        if self.linger_s and drained_requests(sup, self.reports):
             sup.linger(sup.time_left(self.linger_s))
 
     def drain_progress(self, counted: Result | None, forecast) -> None:
@@ -285,14 +285,14 @@ def reference() -> list[tuple[str, str, str]]:
     return rows
 
 
-def drain_counts(sup) -> Result | None:
+def drain_counts(sup, reports: RunReports) -> Result | None:
     """How the drain's requests ended: as vLLM's API server counted them, else as the observer's
     /metrics samples tell; None: neither yet."""
-    counted = sup.read_result()
+    counted = reports.result()
     return counted if counted is not None else sup.observer.counts()
 
 
-def drained_requests(sup) -> bool:
+def drained_requests(sup, reports: RunReports) -> bool:
     """Requests were in flight when the stop came (an idle stop has nothing to report)."""
-    counted, forecast = drain_counts(sup), sup.read_forecast()
+    counted, forecast = drain_counts(sup, reports), reports.forecast()
     return bool(counted and counted.in_flight) or bool(forecast and forecast.in_flight)

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.parse
 
-from ..drain_forecast import Result
+from ..run_files import Result
 from .timing import HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S, TICK_S
 
 ANSWER_MAX = 4 << 20  # bytes of an answer read at most (vLLM's /metrics is far below it)
@@ -238,7 +238,7 @@ class Observer(threading.Thread):
     def summary(self, exited_at: float | None = None, counted: Result | None = None) -> str:
         """ "; N in flight at SIGTERM, ..." for the exit line, or "" if never counted.
 
-        counted: the counts vLLM's API server wrote (drain_forecast.Result), exact; without them,
+        counted: the counts vLLM's API server wrote (run_files.Result), exact; without them,
         the /metrics samples'. exited_at: time.monotonic() when vLLM exited. The last sample can
         precede the end of the drain (one every TICK_S), so the line says how long before the
         exit it was taken."""

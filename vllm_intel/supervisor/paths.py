@@ -5,10 +5,13 @@ anything starts, so that nothing of the user's is ever replaced or removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import stat
 import tempfile
+import uuid
+import weakref
 
 from .errors import ConfigError, load_json, shown
 
@@ -236,3 +239,50 @@ def cache_home(env=os.environ) -> pathlib.Path:
 def inductor_cache(env=os.environ) -> pathlib.Path:
     """TORCHINDUCTOR_CACHE_DIR for vLLM: compiled kernels kept across runs, outside the run dir."""
     return cache_home(env) / "vllm-intel" / "torchinductor"
+
+
+class StateFile:
+    """The state file, reached through its directory's fd alone (open_state_dir, opened here,
+    once): a directory swapped for a symlink while the server runs redirects neither a
+    write nor the unlink at exit to what the link points at."""
+
+    def __init__(self, path: pathlib.Path):
+        self.path = path  # for messages
+        self.dir_fd = open_state_dir(path.parent)
+        weakref.finalize(self, os.close, self.dir_fd)
+        self.written: tuple[int, int, int] | None = None  # what identifies our last write
+
+    def write(self, content: bytes) -> None:
+        """Replace the file by a new mode-0600 one holding `content`. Written under a new name
+        (O_EXCL: never through a planted symlink), then renamed over the state file's name,
+        which replaces a symlink there instead of following it."""
+        tmp = f".{self.path.name}.{uuid.uuid4().hex[:8]}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o600, dir_fd=self.dir_fd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(content)
+                f.flush()
+                os.replace(tmp, self.path.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                st = os.fstat(f.fileno())  # after the rename, which changes its ctime
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=self.dir_fd)
+            raise
+        self.written = (st.st_dev, st.st_ino, st.st_ctime_ns)
+
+    def remove(self) -> bool:
+        """Unlink the file only if it is still the regular file we wrote last: a user may have put
+        something of their own there since. The ctime too, as an inode number is reused once its
+        file is gone."""
+        if self.written is None:
+            return False
+        try:
+            st = os.stat(self.path.name, dir_fd=self.dir_fd, follow_symlinks=False)
+            same = (st.st_dev, st.st_ino, st.st_ctime_ns) == self.written
+            if not (stat.S_ISREG(st.st_mode) and same):
+                return False
+            os.unlink(self.path.name, dir_fd=self.dir_fd)
+            return True
+        except OSError:
+            return False

@@ -1,68 +1,48 @@
-"""What vLLM's processes report to the supervisor through files in the run directory.
-
-Each process's plugin writes its own file as it starts (the directory is the supervisor's, 0700,
-named to vLLM in INTEL_VLLM_PATCH_STATES_DIR): the supervisor reads them when asked (a scrape,
-the "ready" line) and trusts nothing in them beyond their shape.
+"""What vLLM's processes report to the supervisor through files in the run directory
+(vllm_intel.run_files): the supervisor reads them when asked (a scrape, the "ready" and exit
+lines) and trusts nothing in them beyond their shape.
 """
 
 from __future__ import annotations
 
-import os
 import pathlib
-import stat
 
+from .. import drain_forecast, run_files
 from ..startup_phases import PHASES
-from .errors import load_json
+from .extension import Extension
 
 
-class RunReports:
-    """The JSON files each vLLM process's plugin writes into the run directory as it starts
-    (INTEL_VLLM_PATCH_STATES_DIR): `patch-states-<pid>.json` (its patch states) and
-    `startup-<pid>.json` (its start-up phases, vllm_intel.startup_phases), read when asked."""
-
-    MAX_FILES = 64  # a server has a handful of processes; more is not ours to read
-    MAX_BYTES = 8192
+class RunReports(Extension):
+    """The files each vLLM process writes into the run directory: its patch states and start-up
+    phases as it starts (vllm_intel.startup_phases), the API server's drain forecast and counts
+    (vllm_intel.drain_forecast) as it drains. An extension for the words they add to the "ready"
+    and exit lines."""
 
     def __init__(self, run_dir: pathlib.Path | None = None) -> None:
         self.dir = run_dir  # None: no run directory yet
+        self.found_forecast: drain_forecast.Forecast | None = None
 
     def read(self, prefix: str, field: str, kind: type) -> list[dict]:
-        """Every `<prefix>-*.json` holding {"process": str, field: {str: kind}}."""
+        """Every `<prefix>*.json` holding {"process": str, field: {str: kind}}."""
         if self.dir is None:
             return []
-        try:
-            names = sorted(self.dir.glob(f"{prefix}-*.json"))[: self.MAX_FILES]
-        except OSError:
-            return []
-        out = []
-        for path in names:
-            try:  # a regular file of ours only (the run directory is 0700, still: no FIFO, link)
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-                with os.fdopen(fd, "rb") as f:
-                    if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                        continue
-                    data = load_json(f.read(self.MAX_BYTES))
-            except (OSError, ValueError):
-                continue
-            if (
-                isinstance(data, dict)
-                and isinstance(data.get("process"), str)
-                and isinstance(data.get(field), dict)
-                and all(
-                    isinstance(v, kind) and not isinstance(v, bool) for v in data[field].values()
-                )
-            ):
-                out.append(data)
-        return out
+        return [
+            data
+            for data in run_files.read_all(self.dir, prefix)
+            if isinstance(data, dict)
+            and isinstance(data.get("process"), str)
+            and isinstance(data.get(field), dict)
+            and all(isinstance(v, kind) and not isinstance(v, bool) for v in data[field].values())
+        ]
 
     def patch_states(self) -> list[dict]:
-        return self.read("patch-states", "states", str)
+        return self.read(run_files.PATCH_STATES, "states", str)
 
     def startup(self) -> dict[str, float]:
         """Seconds per start-up phase: the longest of any process (tensor-parallel workers load
         side by side, so the longest is the wall time); a phase nobody reported is absent."""
         phases: dict[str, float] = {}
-        for found in self.read("startup", "phases", (int, float)):
+        for found in self.read(run_files.STARTUP, "phases", (int, float)):
             own = {k: float(v) for k, v in found["phases"].items()}
             parts = [own.pop(k) for k in ("load_init", "load_weights") if k in own]
             if parts and "load" not in own:  # the loader's own lines, where the runner logs none
@@ -76,10 +56,33 @@ class RunReports:
         """Compiled graphs vLLM loaded from its compile cache ("cache") or compiled ("compiled"),
         summed over its processes; {} where vLLM logged neither (nothing compiled, eager)."""
         total: dict[str, int] = {}
-        for found in self.read("startup", "graphs", int):
+        for found in self.read(run_files.STARTUP, "graphs", int):
             for source, n in found["graphs"].items():
                 total[source] = total.get(source, 0) + n
         return total
+
+    def forecast(self) -> drain_forecast.Forecast | None:
+        """The drain forecast vLLM's API server wrote, once it exists (written once)."""
+        if self.found_forecast is None and self.dir is not None:
+            self.found_forecast = drain_forecast.read(self.dir)
+        return self.found_forecast
+
+    def result(self) -> run_files.Result | None:
+        """How the drain's requests ended as vLLM's API server counted them, read afresh each
+        time (it rewrites them at each end); None before it wrote any."""
+        return drain_forecast.read_result(self.dir) if self.dir is not None else None
+
+    def ready_words(self, sup) -> str:
+        return phases_text(self.startup(), self.graphs())
+
+    def exit_words(self, sup) -> str:
+        """After a stop: how the drain ended (vLLM's counts, else the observer's samples) and
+        what was forecast at its start."""
+        if sup.stop_requested_at is None:
+            return ""
+        found = self.forecast()
+        forecast = "" if found is None else f"; forecast at SIGTERM: {found.brief()}"
+        return sup.observer.summary(sup.exited_at, self.result()) + forecast
 
 
 def phases_text(phases: dict[str, float], graphs: dict[str, int] | None = None) -> str:
