@@ -20,7 +20,7 @@ import os
 import sys
 import time
 
-from vllm_intel import run_files, startup_phases
+from vllm_intel.in_vllm import run_files, startup_phases
 
 from . import registry
 from ._base import (

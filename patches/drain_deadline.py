@@ -41,7 +41,7 @@ What goes wrong upstream, and what this changes:
   5. Nothing says at SIGTERM whether the window fits the work in flight. -> Once the accepted
      requests reached the engine, one line: how many are in flight, the tokens they still need,
      their speed, the time the slowest needs and how many the window will cut
-     (``vllm_intel.drain_forecast``), also written for the supervisor's exit line.
+     (``vllm_intel.in_vllm.drain_forecast``), also written for the supervisor's exit line.
   6. Nothing outside the API server sees every request's end: its /metrics goes away with its
      HTTP server, so the last sample of it can precede the last ends of a drain.
      -> From the drain's start, each request's final event in the API server is counted where it
@@ -58,7 +58,7 @@ import logging
 import threading
 import time
 
-from .. import drain_forecast
+from ..in_vllm import drain_forecast
 from ..supervisor import timing
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
 from ._code_shape import calls_to, code_tree, dotted
@@ -162,7 +162,7 @@ class RefuseWhileDraining:
 
 
 def report_forecast(processor, timeout: float) -> None:
-    """Log the drain forecast (vllm_intel.drain_forecast) and hand it to the supervisor: from two
+    """Log the drain forecast (vllm_intel.in_vllm.drain_forecast) and hand it to the supervisor: from two
     samples of the request states, now and a moment later in a timer thread, so the drain's start
     is not delayed. Never raises: a forecast must not stop a drain."""
     cut_at = timing.abort_at(timeout)

@@ -5,7 +5,7 @@ Targets: process exit of the API server, ``EngineCoreProc.run_engine_core``
 (``vllm/v1/engine/core.py``) and ``WorkerProc.worker_main``
 (``vllm/v1/executor/multiproc_executor.py``): an ``atexit`` hook; and, on CPU,
 ``EngineCoreProc.shutdown`` (inherited ``EngineCore.shutdown``) and ``WorkerProc.shutdown``,
-``multiprocessing.spawn.get_command_line`` and ``vllm_intel.process_exit.ENABLED``.
+``multiprocessing.spawn.get_command_line`` and ``vllm_intel.in_vllm.process_exit.ENABLED``.
 Upstream: vLLM 0.32 freezes the heap before exit, but only on ROCm and only for
 ``--shutdown-timeout 0`` (``gc.freeze()`` after ``engine_core.shutdown()`` in ``run_engine_core``:
 "skip another slow cyclic-GC scan during finalization; process exit reclaims it"); the
@@ -34,10 +34,10 @@ step: docs/bench.md, "Measured outside `make bench`", "`fast-exit`"):
 3. then each process still spent a share of it in CPython's finalization (no Python frame in
    py-spy; module teardown, torch's deallocations, C++ static destructors), and the three run it
    one after another: the engine core waits for its worker's exit, the API server for the engine
-   core's. On CPU, ``vllm_intel.process_exit`` ends each of them after its ``atexit`` callbacks
+   core's. On CPU, ``vllm_intel.in_vllm.process_exit`` ends each of them after its ``atexit`` callbacks
    with ``os._exit`` and the status the interpreter would have used: the engine core and workers
    through ``multiprocessing.spawn``'s command line (their ``spawn_main`` with ``finish`` for
-   ``sys.exit``), the API server through the supervisor's ``python -m vllm_intel.process_exit``.
+   ``sys.exit``), the API server through the supervisor's ``python -m vllm_intel.in_vllm.process_exit``.
    This part stands aside, with the reason, where ``get_command_line`` does not build the
    standard library's program (a frozen or changed interpreter).
 """
@@ -51,7 +51,7 @@ import gc
 import multiprocessing.spawn
 import sys
 
-from .. import process_exit
+from ..in_vllm import process_exit
 from ._base import NEEDED, NOT_APPLICABLE, UPSTREAM, Patch
 from ._code_shape import calls_to, code_tree
 

@@ -76,7 +76,7 @@ def free_port() -> int:
 
 
 # The supervisor's exit line words for the forecast drain-deadline wrote at SIGTERM
-# (vllm_intel.drain_forecast.Forecast.brief).
+# (vllm_intel.in_vllm.drain_forecast.Forecast.brief).
 EXIT_FORECAST = re.compile(
     r"forecast at SIGTERM: (?P<in_flight>\d+) in flight, the slowest needing (?P<need>\d+) s of "
     r"the (?P<window>\d+) s window, (?P<cut>\d+) to be cut"

@@ -1,4 +1,4 @@
-"""The drain forecast (vllm_intel.drain_forecast): the arithmetic, what it reads of vLLM's own
+"""The drain forecast (vllm_intel.in_vllm.drain_forecast): the arithmetic, what it reads of vLLM's own
 request state, and the file the supervisor reads. The live numbers are asserted by tests/e2e
 (test_entrypoint_drain: a drain that fits says so, one that does not says it cuts)."""
 
@@ -11,8 +11,8 @@ import types
 
 import pytest
 
-from vllm_intel import drain_forecast as df
-from vllm_intel import run_files
+from vllm_intel.in_vllm import drain_forecast as df
+from vllm_intel.in_vllm import run_files
 
 F = df.InFlight
 

@@ -39,7 +39,7 @@ def collect_a_cycle(who):
     survived[who] = ref() is not None
 
 import multiprocessing.spawn
-from vllm_intel import process_exit
+from vllm_intel.in_vllm import process_exit
 original, stdlib_spawn = gc.collect, multiprocessing.spawn.get_command_line
 worker_shutdown, engine_had_own = WorkerProc.shutdown, "shutdown" in vars(EngineCoreProc)
 state = PATCH.apply()
@@ -106,7 +106,7 @@ def on_finalization(tag):
 
 
 def child(tag, how):
-    from vllm_intel import process_exit
+    from vllm_intel.in_vllm import process_exit
 
     # What the patch's apply() sets in each vLLM process on CPU (the tests above pin that it
     # does), without importing vLLM again in every child.
@@ -122,13 +122,13 @@ def child(tag, how):
 
 
 def as_main():
-    """Run as `python -m vllm_intel.process_exit fx_child HOW`: like vLLM's CLI module."""
+    """Run as `python -m vllm_intel.in_vllm.process_exit fx_child HOW`: like vLLM's CLI module."""
     import __main__
 
     how = sys.argv[1]
     mark("main-spec", __main__.__spec__.name + " " + " ".join(sys.argv[1:]))
     if how != "noplugin":  # what the patch's apply() sets, as in child()
-        from vllm_intel import process_exit
+        from vllm_intel.in_vllm import process_exit
 
         process_exit.ENABLED = True
     on_finalization("main-" + how)
@@ -149,7 +149,7 @@ if __name__ == "__main__":
 SPAWN_SNIPPET = """
 import json, multiprocessing, multiprocessing.spawn, os, sys
 sys.path.insert(0, os.environ["FX_OUT"])
-from vllm_intel import process_exit
+from vllm_intel.in_vllm import process_exit
 from vllm_intel.patches.fast_exit import PATCH
 stdlib = multiprocessing.spawn.get_command_line
 import fx_child
@@ -193,7 +193,7 @@ def test_spawned_children_skip_finalization_but_keep_status_atexit_and_output(
     assert "interpreter finalization" in got["reason"], got
     assert got["codes"] == {"ret": 0, "ex3": 3, "err": 1, "std": 0}, got
     for tag in ("ret", "ex3", "err"):
-        assert "vllm_intel.process_exit import spawn_main" in marks[f"{tag}-cmd"], marks
+        assert "vllm_intel.in_vllm.process_exit import spawn_main" in marks[f"{tag}-cmd"], marks
         assert f"{tag}-atexit" in marks and f"{tag}-stdout" in cp.stdout, (marks, cp.stdout)
         assert f"{tag}-del" not in marks, marks  # no finalization
     assert "ValueError: err boom" in cp.stderr, cp.stderr[-3000:]  # the traceback, as before
@@ -216,7 +216,7 @@ def test_spawned_children_skip_finalization_but_keep_status_atexit_and_output(
 def test_the_api_server_runner_exits_as_python_m_would(
     default_python, tmp_path, how, status, finalized
 ):
-    """The supervisor starts vLLM's CLI as `python -m vllm_intel.process_exit
+    """The supervisor starts vLLM's CLI as `python -m vllm_intel.in_vllm.process_exit
     vllm.entrypoints.cli.main ...`: the module runs as __main__ with its own name and arguments
     (what spawned children re-import), and the process exits with the status `python -m` gives,
     atexit callbacks run and stdout flushed; only where the patch applied is finalization
@@ -224,7 +224,7 @@ def test_the_api_server_runner_exits_as_python_m_would(
     (tmp_path / "fx_child.py").write_text(CHILD_MODULE)
     env = dict(os.environ, FX_OUT=str(tmp_path), PYTHONPATH=str(tmp_path))
     cp = subprocess.run(
-        [str(default_python), "-m", "vllm_intel.process_exit", "fx_child", how],
+        [str(default_python), "-m", "vllm_intel.in_vllm.process_exit", "fx_child", how],
         capture_output=True,
         text=True,
         env=env,
@@ -250,7 +250,7 @@ def test_finalization_is_kept_where_spawn_builds_another_command_line(default_py
         default_python,
         """
         import json, multiprocessing.spawn
-        from vllm_intel import process_exit
+        from vllm_intel.in_vllm import process_exit
         from vllm_intel.patches.fast_exit import PATCH
 
         def get_command_line(**kwds):

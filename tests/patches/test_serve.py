@@ -19,7 +19,7 @@ import requests
 import vllm_intel.patches as vip
 from tests.harness import ROOT
 from tests.harness.patch_states import serve_expectations
-from vllm_intel import run_files
+from vllm_intel.in_vllm import run_files
 from vllm_intel.supervisor.reports import RunReports
 
 READY_TIMEOUT = 240  # generous: a cold torch.compile on a loaded 2-core CI machine

@@ -1,4 +1,4 @@
-"""vllm_intel.startup_phases: vLLM's own start-up lines become seconds per phase in the run dir.
+"""vllm_intel.in_vllm.startup_phases: vLLM's own start-up lines become seconds per phase in the run dir.
 
 Over the real logging module and vLLM's format strings (the real server: test_serve.py)."""
 
@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from vllm_intel import run_files
-from vllm_intel import startup_phases as sp
+from vllm_intel.in_vllm import run_files
+from vllm_intel.in_vllm import startup_phases as sp
 from vllm_intel.supervisor.reports import RunReports, cache_verdict, phases_text
 
 

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from tests.harness import ROOT, free_port
-from vllm_intel import jsonlog
+from vllm_intel.in_vllm import jsonlog
 from vllm_intel.supervisor import relay
 
 FIELDS = {"time", "level", "source", "event", "message"}

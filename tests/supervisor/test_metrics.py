@@ -141,7 +141,7 @@ def test_the_drain_counts_are_vllms_own_where_it_wrote_them(run, tmp_path):
     the test writes it, as drain-deadline does at each end); the exit line and the probe port's
     drain series give those counts, not the /metrics samples: the fake vLLM's /metrics counts 3
     running to its end and no finish, as a last sample taken before the last ends would."""
-    from vllm_intel import drain_forecast, run_files
+    from vllm_intel.in_vllm import drain_forecast, run_files
 
     r, port = serving(
         run,

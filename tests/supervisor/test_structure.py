@@ -96,9 +96,11 @@ CORE = {
         for m in ("loop", "extension", "state", "signals", "errors", "timing", "log", "paths")
     ),
     "vllm_intel.supervisor.observe",  # the loop's own thread: vLLM's /health and /metrics
-    "vllm_intel.run_files",  # the run directory's files and their shape
+    "vllm_intel.in_vllm.run_files",  # the run directory's files and their shape
+    "vllm_intel.in_vllm.jsonlog",  # the JSON lines' clock
 }
 EXTENSIONS = {"metrics", "janitor", "relay", "hub", "reports", "leftovers"}
+PACKAGES = {"vllm_intel", "vllm_intel.in_vllm", "vllm_intel.supervisor"}  # no code in them
 
 
 def reached_from(module: str) -> set[str]:
@@ -116,8 +118,17 @@ def test_the_loop_imports_only_the_core():
     """The core (loop.py and what it imports) knows the Extension interface, not the parts that
     implement it: each of them can be left out without touching the loop."""
     loop = "vllm_intel.supervisor.loop"
-    core = reached_from(loop) - {"vllm_intel", "vllm_intel.supervisor"} | {loop}  # no code there
+    core = reached_from(loop) - PACKAGES | {loop}
     assert core == CORE, sorted(core ^ CORE)
+
+
+def test_what_runs_inside_vllm_imports_nothing_of_the_supervisor():
+    """vllm_intel/in_vllm/ is imported in vLLM's processes, before and beside vLLM: each of its
+    modules reaches only its own folder (and the standard library)."""
+    inside = {m for m in MODULES if m.startswith("vllm_intel.in_vllm.")}
+    assert inside, sorted(MODULES)
+    for m in inside:
+        assert reached_from(m) - PACKAGES <= inside, (m, sorted(reached_from(m) - inside))
 
 
 def extension_modules() -> set[str]:

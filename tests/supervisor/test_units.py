@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from vllm_intel import drain_forecast
+from vllm_intel.in_vllm import drain_forecast
 from vllm_intel.supervisor import errors, janitor, loop, observe, paths, probes, settings, timing
 from vllm_intel.supervisor.errors import ConfigError, Exit
 
@@ -23,7 +23,7 @@ def test_serve_config_adds_the_drain_as_shutdown_timeout(tmp_path):
     assert list(cfg.argv[-4:]) == ["--port", "9001", "--shutdown-timeout", "7"]
     assert list(cfg.argv[1:5]) == [
         "-m",
-        "vllm_intel.process_exit",
+        "vllm_intel.in_vllm.process_exit",
         "vllm.entrypoints.cli.main",
         "serve",
     ]

@@ -11,7 +11,7 @@ import signal
 import sys
 import tempfile
 
-from .. import run_files
+from ..in_vllm import run_files
 from . import errors, limits, paths, runtime, settings, timing, workload
 from .errors import ConfigError, Exit, StoppedBeforeStart
 from .log import json_mode, log, record, write_lines
@@ -34,7 +34,7 @@ def child_env(run_dir: pathlib.Path, planned: dict[str, str] | None = None) -> d
     # "Start times per model size"); it is a cache, not litter.
     env.setdefault("TORCHINDUCTOR_CACHE_DIR", str(paths.inductor_cache(os.environ)))
     if json_mode(env) and not env.get("VLLM_LOGGING_CONFIG_PATH"):  # yours wins
-        from vllm_intel.jsonlog import logging_config
+        from vllm_intel.in_vllm.jsonlog import logging_config
 
         config = run_dir / "vllm-logging.json"
         config.write_text(json.dumps(logging_config(env.get("VLLM_LOGGING_LEVEL") or "INFO")))

@@ -2,7 +2,7 @@
 
 With INTEL_VLLM_LOG_FORMAT=json every line of a `serve` run is one JSON object instead: the
 supervisor's (`source: entrypoint`, an `event` and its fields), vLLM's logging records (through
-vllm_intel.jsonlog, VLLM_LOGGING_CONFIG_PATH) and anything else vLLM's processes print (relayed
+vllm_intel.in_vllm.jsonlog, VLLM_LOGGING_CONFIG_PATH) and anything else vLLM's processes print (relayed
 by the supervisor, `event: output`). The fields of every object: time (UTC, ISO 8601), level,
 source, event, message.
 """
@@ -10,7 +10,6 @@ source, event, message.
 from __future__ import annotations
 
 import atexit
-import datetime
 import json
 import os
 import select
@@ -19,20 +18,14 @@ import stat
 import threading
 import time
 
+from ..in_vllm.jsonlog import timestamp
+
 FORMAT_ENV = "INTEL_VLLM_LOG_FORMAT"
 FORMATS = ("text", "json")
 
 
 def json_mode(env=os.environ) -> bool:
     return env.get(FORMAT_ENV) == "json"
-
-
-def timestamp(seconds: float | None = None) -> str:
-    moment = datetime.datetime.fromtimestamp(
-        seconds if seconds is not None else datetime.datetime.now().timestamp(),
-        datetime.timezone.utc,
-    )
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def record(message: str, *, level="info", source="entrypoint", event="log", **fields) -> str:

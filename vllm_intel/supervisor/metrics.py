@@ -26,7 +26,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..drain_forecast import Result
+from ..in_vllm.drain_forecast import Result
 from . import limits
 from .extension import Extension
 from .reports import RunReports

@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.parse
 
-from ..run_files import Result
+from ..in_vllm.run_files import Result
 from .timing import HEALTH_TIMEOUT_S, METRICS_TIMEOUT_S, TICK_S
 
 ANSWER_MAX = 4 << 20  # bytes of an answer read at most (vLLM's /metrics is far below it)

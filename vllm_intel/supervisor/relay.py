@@ -1,5 +1,5 @@
 """INTEL_VLLM_LOG_FORMAT=json: every line vLLM's processes print reaches the container's log as
-one JSON object. vLLM's logging records already are (vllm_intel.jsonlog) and pass as they are;
+one JSON object. vLLM's logging records already are (vllm_intel.in_vllm.jsonlog) and pass as they are;
 anything else (a progress bar, a C++ warning, a traceback) is wrapped (`event: output`, `stream`).
 
 No thread of its own: the loop pumps vLLM's stdout and stderr pipes on every tick (at least every

@@ -1,5 +1,5 @@
 """What vLLM's processes report to the supervisor through files in the run directory
-(vllm_intel.run_files): the supervisor reads them when asked (a scrape, the "ready" and exit
+(vllm_intel.in_vllm.run_files): the supervisor reads them when asked (a scrape, the "ready" and exit
 lines) and trusts nothing in them beyond their shape.
 """
 
@@ -7,15 +7,15 @@ from __future__ import annotations
 
 import pathlib
 
-from .. import drain_forecast, run_files
-from ..startup_phases import PHASES
+from ..in_vllm import drain_forecast, run_files
+from ..in_vllm.startup_phases import PHASES
 from .extension import Extension
 
 
 class RunReports(Extension):
     """The files each vLLM process writes into the run directory: its patch states and start-up
-    phases as it starts (vllm_intel.startup_phases), the API server's drain forecast and counts
-    (vllm_intel.drain_forecast) as it drains. An extension for the words they add to the "ready"
+    phases as it starts (vllm_intel.in_vllm.startup_phases), the API server's drain forecast and counts
+    (vllm_intel.in_vllm.drain_forecast) as it drains. An extension for the words they add to the "ready"
     and exit lines."""
 
     def __init__(self, run_dir: pathlib.Path | None = None) -> None:

@@ -232,9 +232,15 @@ def serve_config(args: list[str], env=os.environ) -> ServeConfig:
             f"--host {shown(vargs.host)} (in {vargs.source['host']}): not a host name or IP address"
         )
     flags, drain, notes = with_drain(list(args), vargs, env)
-    # vLLM's CLI, run by vllm_intel.process_exit: exits without interpreter finalization where
+    # vLLM's CLI, run by vllm_intel.in_vllm.process_exit: exits without interpreter finalization where
     # the fast-exit patch enables it (see there), otherwise exactly as `-m vllm.entrypoints.cli.main`.
-    argv = [sys.executable, "-m", "vllm_intel.process_exit", "vllm.entrypoints.cli.main", "serve"]
+    argv = [
+        sys.executable,
+        "-m",
+        "vllm_intel.in_vllm.process_exit",
+        "vllm.entrypoints.cli.main",
+        "serve",
+    ]
     return ServeConfig(
         argv + ([model] if model else []) + flags,
         port,

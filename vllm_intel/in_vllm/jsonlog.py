@@ -1,17 +1,25 @@
 """JSON log records for vLLM's processes (INTEL_VLLM_LOG_FORMAT=json): a logging.Formatter and
 the logging.config dictionary the supervisor hands vLLM through VLLM_LOGGING_CONFIG_PATH, which
 vLLM applies to its own loggers and to uvicorn's (its access log included). Imported inside vLLM's
-processes: the standard library and the supervisor's small log module only.
+processes: the standard library only. Its clock format is the supervisor's too (log.py).
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 
-from .supervisor.log import timestamp  # the same clock format as the supervisor's lines
-
 LOGGERS = ("vllm", "uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+def timestamp(seconds: float | None = None) -> str:
+    """ISO 8601 in UTC, milliseconds: every JSON line's "time", vLLM's and the supervisor's."""
+    moment = datetime.datetime.fromtimestamp(
+        seconds if seconds is not None else datetime.datetime.now().timestamp(),
+        datetime.timezone.utc,
+    )
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class JsonFormatter(logging.Formatter):

@@ -4,7 +4,7 @@ vLLM logs a line as each phase of a start ends (weights downloaded, model loaded
 done, engine initialised). `install()`, called by the plugin in each vLLM process, wraps the
 logging module's record factory so that a record whose format string is one of those lines also
 lands, as seconds, in this process's STARTUP file in the supervisor's run directory
-(vllm_intel.run_files), where the supervisor's /metrics and its "ready" line read it; so
+(vllm_intel.in_vllm.run_files), where the supervisor's /metrics and its "ready" line read it; so
 does each compiled graph vLLM loaded from its compile cache or compiled (a hit or a miss).
 
 The record factory, not a handler: vLLM (re)configures its loggers with dictConfig, which drops

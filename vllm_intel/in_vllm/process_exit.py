@@ -19,7 +19,7 @@ next server needs: shared memory, sockets and the distributed groups are release
 It does so only where the ``fast-exit`` patch enabled it in this process (``ENABLED``: vLLM's
 CPU platform); elsewhere it is ``sys.exit(code)``. Two ways in:
 
-* the API server: the supervisor runs ``python -m vllm_intel.process_exit
+* the API server: the supervisor runs ``python -m vllm_intel.in_vllm.process_exit
   vllm.entrypoints.cli.main serve ...``, which runs vLLM's CLI as ``__main__`` (as ``-m`` would:
   ``sys.argv``, ``__main__`` and what spawned children re-import are the same) and then
   ``finish``; an exception other than ``SystemExit`` propagates as it would without us;
@@ -44,7 +44,7 @@ ENABLED = False  # set by the fast-exit patch in this process
 
 # multiprocessing.spawn.get_command_line's program, and ours.
 STDLIB_PROGRAM = "from multiprocessing.spawn import spawn_main; spawn_main("
-OUR_PROGRAM = "from vllm_intel.process_exit import spawn_main; spawn_main("
+OUR_PROGRAM = "from vllm_intel.in_vllm.process_exit import spawn_main; spawn_main("
 
 
 def exit_status(code: object) -> int:
@@ -102,13 +102,13 @@ def run_module(name: str, args: list[str]) -> NoReturn:
 
 def main() -> NoReturn:
     if len(sys.argv) < 2:
-        print("usage: python -m vllm_intel.process_exit MODULE [ARG...]", file=sys.stderr)
+        print("usage: python -m vllm_intel.in_vllm.process_exit MODULE [ARG...]", file=sys.stderr)
         sys.exit(2)
     run_module(sys.argv[1], sys.argv[2:])
 
 
 if __name__ == "__main__":
     # Through the package's module, not this __main__ copy: the patch sets ENABLED there.
-    from vllm_intel.process_exit import main as _main
+    from vllm_intel.in_vllm.process_exit import main as _main
 
     _main()

@@ -10,7 +10,7 @@ bench`", "`drain-deadline`"). The tokens are divided by the time between the eng
 the first and the last of them (``last_token_ts``), not by the time between the samples: a second
 holds a handful of tokens of a large model on a CPU (8-12), so counting them against the clock
 would be off by up to one token in eight. The forecast is logged, and
-written as JSON into the supervisor's run directory (``vllm_intel.run_files``) for the
+written as JSON into the supervisor's run directory (``vllm_intel.in_vllm.run_files``) for the
 supervisor's exit line.
 
 A request that got no token between the samples (still waiting) is given the median speed of the
