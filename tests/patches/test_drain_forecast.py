@@ -116,6 +116,18 @@ def test_written_then_read_back(tmp_path):
     df.write(found, env={})  # unset: nothing written, nothing raised
 
 
+def test_a_write_the_disk_cannot_hold_leaves_no_file(tmp_path, monkeypatch):
+    """A full disk mid-write (ENOSPC from the file's write): the report is lost, never the
+    process, and nothing half-written stays in the run directory."""
+
+    def full(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(run_files.json, "dump", full)
+    run_files.write(str(tmp_path / run_files.FORECAST), {"in_flight": 1})
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     "kind", ["missing", "symlink", "fifo", "too-big", "not-json", "wrong-keys", "bool"]
 )

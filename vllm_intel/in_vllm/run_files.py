@@ -68,7 +68,10 @@ def write(where: str, data) -> None:
             json.dump(data, f)
         os.replace(tmp, where)
     except OSError:
-        pass
+        try:  # a full disk: no half-written file left behind
+            os.unlink(tmp)
+        except OSError:
+            pass
 
 
 def read(where: str | os.PathLike):
