@@ -34,7 +34,8 @@ and Intel OpenMP each of its processes has mapped (read on the host), ours' plan
 
 Rows per shape, setting and load: ours / upstream (goal >= 0.97: our runtime is at least as fast
 as upstream's, within the noise of a pair), upstream / bare and ours / bare (what a preload
-buys), each with its per-round ratios; peak memory ours vs upstream and vs bare; time to ready.
+buys), each with its per-round ratios; at 1 and 4 streams ours against the memory-bandwidth
+bound, the host's read bandwidth measured at the start of the same run (bound.py; goal >= 0.70); peak memory ours vs upstream and vs bare; time to ready.
 Shapes: qwen2.5-0.5b and llama-3.2-1b (`--runtime-shapes`); `--quick`: qwen2.5-0.5b, noquota, 2
 rounds.
 """
@@ -51,7 +52,7 @@ import time
 
 import psutil
 
-from . import limits, real
+from . import bound, limits, real
 from .common import RESULTS, ROOT, Row, curl_batch, log, pair_ratios, record
 from .dockerutil import IMAGE, docker, engine
 
@@ -271,6 +272,8 @@ def run(
         caches[kind].mkdir()
         caches[kind].chmod(0o777)  # the image's user (uid 10001) writes there
     rows: list[Row] = []
+    bandwidth = bound.read_bandwidth()  # before any arm runs: the host quiet
+    log(f"runtime: read bandwidth {bandwidth / 1e9:.1f} GB/s")
     try:
         for shape in chosen:
             what = with_headroom(limits.served(shape))
@@ -286,6 +289,8 @@ def run(
                     )
                     continue
                 got["first_start"] = i == 0
+                got["bandwidth"] = bandwidth
+                got["step_bytes"] = bound.bytes_per_step(real.model(shape))
                 rows += _rows(shape, setting, got, what)
                 log(f"runtime {shape} {setting} took {time.monotonic() - t0:.0f} s")
     finally:
@@ -464,6 +469,7 @@ def _rows(shape: str, setting: str, got: dict, what: limits.Served) -> list[Row]
                     fmt="{:.1f}",
                 )
             )
+    rows += bound_rows(label, got)
     arm = {kind: got[kind] for kind in kinds}
     args = list(what.docker_args)
     memory = args[args.index("--memory") + 1] if "--memory" in args else "none"
@@ -511,6 +517,36 @@ def _rows(shape: str, setting: str, got: dict, what: limits.Served) -> list[Row]
             f"ours' plan: {plan_brief(arm['ours']['plan'])}",
         )
     )
+    return rows
+
+
+BOUND_GOAL = "ratio >= 0.70"
+BOUND_LOADS = ("1 stream", "4 streams")
+
+
+def bound_rows(label: str, got: dict) -> list[Row]:
+    """Ours against the bandwidth bound (bound.py) at BOUND_LOADS, in the same run."""
+    if "bandwidth" not in got:
+        return []
+    rows = []
+    for load in [x for x in BOUND_LOADS if x in got["loads"]]:
+        n = got["loads"][load][0]
+        limit = bound.bound_tokens_per_s(n, got["bandwidth"], got["step_bytes"])
+        ours = _values(got["got"][("ours", load)], "tok_s")
+        rows.append(
+            Row(
+                SECTION,
+                f"{label}, {load}: ours vs the bandwidth bound",
+                "tokens/s",
+                [v for v in ours if v is not None],
+                [limit] * len(ours),
+                pair_ratios(ours, [limit] * len(ours)),
+                BOUND_GOAL,
+                note=f"bound {n} x {got['bandwidth'] / 1e9:.1f} GB/s read / "
+                f"{got['step_bytes'] / 1e9:.3f} GB of weights a step (bench/bound.py)",
+                fmt="{:.1f}",
+            )
+        )
     return rows
 
 

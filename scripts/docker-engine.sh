@@ -61,13 +61,21 @@ start() {
     rm -f "$pidfile" "$sock"
     log "starting dockerd (data-root $root/data, socket $sock)"
     # setsid: the daemon must outlive the shell/pytest that started it; `stop` ends it by pid.
-    # --pidfile is written by dockerd itself; it also starts its own containerd under exec-root.
-    setsid dockerd \
-      --data-root "$root/data" \
-      --exec-root "$run/exec" \
-      --pidfile "$pidfile" \
-      -H "$our_host" \
-      >>"$root/dockerd.log" 2>&1 </dev/null &
+    # It keeps none of its starter's descriptors beyond stdio (a caller's `flock` lock, held
+    # otherwise for the daemon's life). --pidfile is written by dockerd itself; it also starts
+    # its own containerd under exec-root.
+    (
+      for fd in /proc/self/fd/*; do
+        fd=${fd##*/}
+        if [ "$fd" -gt 2 ]; then eval "exec $fd>&-"; fi
+      done
+      exec setsid dockerd \
+        --data-root "$root/data" \
+        --exec-root "$run/exec" \
+        --pidfile "$pidfile" \
+        -H "$our_host" \
+        >>"$root/dockerd.log" 2>&1 </dev/null
+    ) &
   fi
   for _ in $(seq 1 120); do
     if answers "$our_host"; then echo "$our_host"; return 0; fi

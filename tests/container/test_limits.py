@@ -35,7 +35,18 @@ def test_plain_docker_run_fails_in_one_line_naming_the_fix(cpu_image):
     assert took < 20, f"{took:.0f} s"
 
 
+@pytest.fixture(scope="module")
+def cpuset_container(cpu_image):
+    """The cpuset test's container, started by the test before it so the two starts overlap: the
+    quota's one CPU beside the cpuset's one of this host's two (a start is mostly one core's)."""
+    name = f"vllm-intel-cpuset-{uuid.uuid4().hex[:8]}"
+    args = ["--shm-size", "1g", "--cpuset-cpus", "1", "--memory", "5g"]
+    with Container(name, cpu_image(), args, ["serve", "--enforce-eager"]) as c:
+        yield c
+
+
 @pytest.mark.slow
+@pytest.mark.usefixtures("cpuset_container")
 def test_an_arbitrary_uid_under_a_quota_and_memory_limit_logs_the_plan_serves_and_drains(
     cpu_image,
 ):
@@ -113,13 +124,12 @@ def test_an_arbitrary_uid_under_a_quota_and_memory_limit_logs_the_plan_serves_an
 
 
 @pytest.mark.slow
-def test_under_a_cpuset_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
+def test_under_a_cpuset_and_memory_limit_it_logs_the_plan_and_serves(cpuset_container):
     """A cpuset is no quota below the CPUs it allows: vLLM's own thread choice over that one CPU
     stays, and so does its shm readers' spin (one CPU: nothing to spin beside), the KV cache
     still comes from the memory limit."""
-    name = f"vllm-intel-cpuset-{uuid.uuid4().hex[:8]}"
-    args = ["--shm-size", "1g", "--cpuset-cpus", "1", "--memory", "5g"]
-    with Container(name, cpu_image(), args, ["serve", "--enforce-eager"]) as c:
+    c = cpuset_container
+    try:
         c.wait_ready(300)
         plan = next(line for line in c.logs().splitlines() if "] plan: " in line)
         assert "CPUs 1 (1)" in plan and "memory.max 5.0 GiB" in plan, plan
@@ -136,6 +146,8 @@ def test_under_a_cpuset_and_memory_limit_it_logs_the_plan_and_serves(cpu_image):
             timeout=60,
         )
         assert r.status_code == 200, r.text
+    finally:
+        c.remove()  # idle, its readers spin on the CPU the next tests need
 
 
 class ProcessMemory(threading.Thread):

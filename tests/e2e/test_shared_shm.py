@@ -32,6 +32,18 @@ def entries(server) -> set[str]:
     return {e.name for e in janitor.vllm_entries(SHM) if janitor.inode(e) in used}
 
 
+def queues(server) -> set[str]:
+    """Its shared-memory segments (multiprocessing's `psm_`: vLLM's message queues), which live
+    as long as the run; other entries come and go while it starts."""
+    return {n for n in entries(server) if n.startswith("psm_")}
+
+
+def removed(server) -> set[str]:
+    """The entries its supervisor's start-up sweep removed, from the line that names them."""
+    lines = re.findall(r"removed \d+ stale leftover\(s\)[^\n]*", server.text())
+    return {pathlib.Path(p).name for line in lines for p in line.split(": ", 1)[1].split()}
+
+
 def complete(server) -> None:
     r = requests.post(
         server.url + "/v1/completions",
@@ -66,15 +78,20 @@ def stop(server) -> None:
 def test_two_servers_share_dev_shm_and_only_a_dead_runs_leftovers_go(serve):
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))  # one /tmp for all of them
     claims_before = claims()
-    a = serve(*FLAGS, tmp=tmp)
-    a_entries = entries(a)
-    assert a_entries, "the first server maps no shared memory: the case is not exercised"
-
+    a = serve(*FLAGS, tmp=tmp, wait=False)
+    # b starts once a's processes map their shared-memory queues, a still loading: b's
+    # supervisor sweeps /dev/shm at its start beside a's live segments, and the starts overlap.
+    poll(lambda: queues(a), timeout=240, what="the first server maps its shm queues")
+    swept_beside = queues(a)
     b = serve(*FLAGS, tmp=tmp, prefix=OWN_PID_NAMESPACE, wait=False)
-    b.wait_ready()
-    b.model = b.model_name()
-    # b's supervisor cannot see a's processes, yet left every entry of a's alone.
-    assert {n for n in a_entries if (SHM / n).exists()} == a_entries
+    for s in (a, b):
+        s.wait_ready()
+        s.model = s.model_name()
+    a_entries = entries(a)
+    # b's supervisor cannot see a's processes, yet left every entry of a's alone: it removed
+    # none (a dead run's, from an earlier test, it may), and a still has every one it mapped.
+    assert not removed(b) & (swept_beside | a_entries), removed(b)
+    assert {n for n in swept_beside | a_entries if (SHM / n).exists()} == swept_beside | a_entries
     b_entries = entries(b)
     assert b_entries and not (a_entries & b_entries)
     complete(a)
@@ -91,11 +108,10 @@ def test_two_servers_share_dev_shm_and_only_a_dead_runs_leftovers_go(serve):
     assert left, "the crash left nothing in /dev/shm: the case is not exercised"
 
     a2 = serve(*FLAGS, tmp=tmp)  # a's next start, next to the live b
-    swept = re.findall(r"removed \d+ stale leftover\(s\)[^\n]*", a2.text())
+    swept = removed(a2)
     assert swept, a2.text()[-3000:]
-    removed = {pathlib.Path(p).name for p in swept[0].split(": ", 1)[1].split()}
-    assert left <= removed, (left, swept[0])
-    assert not removed & b_entries, swept[0]
+    assert left <= swept, (left, swept)
+    assert not swept & b_entries, swept
     assert all((SHM / n).exists() for n in b_entries)
     assert not any((SHM / n).exists() for n in left)
     complete(b)

@@ -2,8 +2,8 @@
 this host (one NUMA node, where vLLM's automatic binding refuses two ranks: "Not enough allowed
 NUMA nodes to bind threads of 2 local CPUWorkers"). The plan binds each rank's threads itself; the
 server serves, drains the streams in flight, leaves no process, no shared memory (the TP
-communicator's `vllm_dist_*cpushm_*` segments included) and no run directory, and a second server
-on the same host starts and serves right after."""
+communicator's `vllm_dist_*cpushm_*` segments included) and no run directory: nothing a next
+server on the same host could meet."""
 
 from __future__ import annotations
 
@@ -49,12 +49,4 @@ def test_tp2_on_one_numa_node_serves_drains_and_leaves_nothing(serve):
         True
     ] * 4, results
     assert_nothing_left(s)
-    assert communicator_segments() <= before, communicator_segments() - before
-    # The same host, right after: a second tensor-parallel server starts and serves.
-    again = serve(*TP, drain=30)
-    done = Streams(again.url, again.model, n=1, max_tokens=8).join()
-    assert done[0].done and done[0].tokens == 8, done
-    again.signal(signal.SIGTERM)
-    assert again.wait(timeout=90) == 0, again.tail()
-    assert_nothing_left(again)
     assert communicator_segments() <= before, communicator_segments() - before
