@@ -4,6 +4,7 @@ the user's values winning, and the one-line errors."""
 
 from __future__ import annotations
 
+import json
 import pathlib
 import subprocess
 import sys
@@ -249,6 +250,50 @@ def test_kv_cache_counts_local_weights(tmp_path):
     p = plan(limits(tmp_path, v2(tmp_path, memory_max=str(8 * GiB))), model=str(model))
     # 8 GiB - 10 % - weights 2 GiB - runtime (2 + 2/2) GiB - 400 MiB shm = 1.8 GiB -> 1
     assert p.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def weights_dir(tmp_path, size: int, config: dict | None) -> str:
+    model = tmp_path / "model"
+    model.mkdir()
+    with open(model / "model.safetensors", "wb") as f:
+        f.truncate(size)  # sparse: size without the disk
+    if config is not None:
+        (model / "config.json").write_text(json.dumps(config))
+    return str(model)
+
+
+@pytest.mark.parametrize(
+    "flags, config, held",
+    [
+        ((), {"torch_dtype": "bfloat16"}, 1),
+        (("--dtype", "float32"), {"torch_dtype": "bfloat16"}, 2),  # cast up: twice the files
+        (("--dtype", "FLOAT"), {"dtype": "float16"}, 2),  # newer configs' key; vLLM lowers it
+        (("--dtype=float32",), {"torch_dtype": "float32"}, 1),
+        # a float32 checkpoint served in 16 bits: still the files' size (mapped whole to load)
+        (("--dtype", "bfloat16"), {"torch_dtype": "float32"}, 1),
+        ((), {"torch_dtype": "float32"}, 1),
+        # not known: the files as they are
+        (("--dtype", "float32"), {}, 1),
+        (("--dtype", "float32"), None, 1),
+        (("--dtype", "float32"), {"torch_dtype": ["bfloat16"]}, 1),
+        (("--dtype", "float32"), {"torch_dtype": "bfloat16", "quantization_config": {}}, 1),
+        (("--dtype", "float64"), {"torch_dtype": "bfloat16"}, 1),  # vLLM refuses it itself
+    ],
+)
+def test_the_weights_count_as_vllm_holds_them_for_its_dtype(tmp_path, flags, config, held):
+    model = weights_dir(tmp_path, GiB, config)
+    assert workload.workload(list(flags), model, {}).weights == held * GiB
+
+
+def test_a_16_bit_model_served_in_float32_needs_the_limit_for_twice_its_weights(tmp_path):
+    """What vLLM holds, not the files: at a limit that fits the 16-bit weights the float32 run
+    is refused in one line before anything starts, naming the limit that fits it."""
+    model = weights_dir(tmp_path, 2 * GiB, {"torch_dtype": "bfloat16"})
+    lim = limits(tmp_path, v2(tmp_path, memory_max=str(8 * GiB)))
+    assert plan(lim, model=model).env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    with pytest.raises(ConfigError) as e:
+        plan(lim, ["--dtype", "float32"], model=model)
+    assert "\n" not in str(e.value) and "weights 4.0 GiB" in str(e.value), str(e.value)
 
 
 def test_no_memory_limit_keeps_one_gib(tmp_path):

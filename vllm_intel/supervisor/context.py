@@ -111,7 +111,7 @@ def context(found, path: Path | None) -> Context | None:
     be known for sure (see the module's docstring)."""
     if path is None or any(getattr(found, dest) is not None for dest in PRESENCE_ONLY):
         return None
-    cfg = _json(path / "config.json")
+    cfg = small_json(path / "config.json")
     if cfg is None or cfg.get("model_type") not in FULL_ATTENTION:
         return None
     if cfg.get("use_sliding_window") or (
@@ -163,7 +163,7 @@ def _length(found, cfg: dict, path: Path) -> tuple[int, str] | None:
     if not _size(cfg.get("max_position_embeddings")):
         return None  # transformers' class default would apply, not known here
     lengths = {f"config.json {k}": cfg.get(k) for k in LENGTH_KEYS}
-    tok = _json(path / "tokenizer_config.json") or {}
+    tok = small_json(path / "tokenizer_config.json") or {}
     lengths["tokenizer_config.json model_max_length"] = tok.get("model_max_length")
     return _smallest(lengths)
 
@@ -187,7 +187,7 @@ def _size(value) -> bool:
     return type(value) is int and 0 < value <= MAX_SIZE
 
 
-def _json(path) -> dict | None:
+def small_json(path) -> dict | None:
     """A small JSON object file, or None (absent, unreadable, too big, not an object)."""
     try:
         if not path.is_file() or path.stat().st_size > MAX_CONFIG_BYTES:

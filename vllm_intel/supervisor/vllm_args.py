@@ -76,6 +76,7 @@ FLAGS = {
     "download_dir": (("--download-dir",), True),
     "max_model_len": (("--max-model-len",), True),
     "kv_cache_dtype": (("--kv-cache-dtype",), True),
+    "dtype": (("--dtype",), True),
     "hf_overrides": (("--hf-overrides",), True),
     "hf_config_path": (("--hf-config-path",), True),
     "kv_cache_memory_bytes": (("--kv-cache-memory-bytes",), True),
@@ -137,6 +138,7 @@ class VllmArgs:
     download_dir: str | None = None
     max_model_len: str | None = None  # as given: vLLM reads 4k, 4K, auto (context.py)
     kv_cache_dtype: str | None = None
+    dtype: str | None = None
     hf_overrides: str | None = None
     hf_config_path: str | None = None
     kv_cache_memory_bytes: str | None = None

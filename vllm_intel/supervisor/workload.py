@@ -14,7 +14,7 @@ import shutil
 import stat
 from dataclasses import dataclass
 
-from .context import Context, context
+from .context import Context, context, small_json
 from .errors import ConfigError, parse_whole, shown
 from .limits import GiB, MiB
 from .paths import path_exists, user_path
@@ -69,7 +69,7 @@ def workload(
         tp,
         pp,
         shm,
-        weights,
+        held_weights(weights, found.dtype, local),
         context(found, local),
         dp=dp,
         api_servers=found.api_server_count or dp,  # vLLM's default: one per rank
@@ -173,6 +173,26 @@ def weights_in(path: pathlib.Path | None, model: str | None) -> int | None:
             if stat.S_ISREG(st.st_mode):
                 total += st.st_size
     return total
+
+
+# Bytes per weight vLLM holds for --dtype, and per weight a checkpoint's config says it stores
+# (vllm/config/model.py, _get_and_verify_dtype: `auto` keeps a 16-bit checkpoint's type and casts a
+# float32 one down to 16 bits on CPU; `float32` casts a 16-bit one up).
+HELD_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2}
+STORED_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def held_weights(files: int | None, dtype: str | None, path: pathlib.Path | None) -> int | None:
+    """The weights in memory: their files' size, twice it where --dtype float32 holds a 16-bit
+    checkpoint's weights in 32 bits. Never less than the files (a float32 checkpoint served in 16
+    bits is still mapped whole while it loads); the files' size where the config does not say its
+    type, or the weights are quantized."""
+    cfg = small_json(path / "config.json") if files and path is not None else None
+    if cfg is None or "quantization_config" in cfg or not isinstance(dtype, str):
+        return files
+    stored = next((cfg[k] for k in ("torch_dtype", "dtype") if isinstance(cfg.get(k), str)), "")
+    held, kept = HELD_BYTES.get(dtype.lower()), STORED_BYTES.get(stored)
+    return files * held // kept if held and kept and held > kept else files
 
 
 def check_shm(shm_dir: pathlib.Path, needed: int) -> None:
