@@ -8,9 +8,11 @@ them from the source, without importing the module):
 * ``order``     its place in the apply order (ascending; distinct among the patches);
 * ``summary``   what it fixes, one line (the README's patch table);
 * ``targets``   the code it changes or relies on, ``"module:Qual.name"`` (``"module"``: the whole
-  module); their AST fingerprints on each tested release are recorded in ``tested_code.py``;
-* ``tested``    the vLLM releases the patch was tested on, a PEP 440 specifier
-  (``">=0.27.1,<=0.32.0"``): what it decides outside that range, _release_gate.py;
+  module); their AST fingerprints on each release it was tested on are its record in
+  ``tested_code.py`` (generated; ``tools/upstream_release.py record --add NAME RELEASE`` adds a
+  release), whose releases are the one list of where it was tested: ``tested``, its range
+  (``">=0.27.1,<=0.32.0"``), and the releases its tests run it on derive from it; on code no
+  recorded release has the gate holds it back (_release_gate.py);
 * ``upstream``  the upstream pull request or issue of the fix ("" none);
 * ``fixed_in``  the oldest vLLM release known to carry that fix: ``check()`` says ``upstream``
   there and after ("" none known);
@@ -41,6 +43,8 @@ from ._release_gate import (
     annotated,
     decide,
     env_allows_untested,
+    recorded,
+    tested_range,
     vllm_version,
 )
 
@@ -49,7 +53,7 @@ UPSTREAM = "upstream"  # the installed code already carries the fix
 NOT_APPLICABLE = "not-applicable"  # the fix is not needed on this platform / installation
 FAILED = "failed"  # needed, but applying it raised (reason says why)
 DISABLED = "disabled"  # left out by INTEL_VLLM_PATCHES / INTEL_VLLM_PATCHES_DISABLE
-UNTESTED = "untested"  # the installed vLLM is outside the patch's tested range (not applied)
+UNTESTED = "untested"  # the installed vLLM's targets are no tested release's code (not applied)
 NEEDED = "needed"  # check() only: apply() would change something
 PENDING = "pending"  # not applied/checked yet in this process
 
@@ -69,7 +73,6 @@ class Patch:
     summary: str = ""  # what it fixes, one line
     targets: tuple[str, ...] = ()  # "module:Qual.name" or "module": the code it changes or reads
     order: int = 0  # apply order, ascending; each patch declares its own, distinct
-    tested: str = ""  # PEP 440 specifier of the vLLM releases the tests run this patch on
     lifecycle: bool = False  # a process-lifecycle patch: applied outside its range too
     upstream: str = ""  # the upstream pull request or issue of the fix
     fixed_in: str = ""  # the oldest vLLM release known to carry that fix
@@ -80,6 +83,11 @@ class Patch:
         self.state = PENDING
         self.reason = ""
         self._saved: list[tuple[object, str, object]] = []
+
+    @property
+    def tested(self) -> str:
+        """Its tested range, from its record (``">=0.27.1,<=0.32.0"``; "" none recorded)."""
+        return tested_range(recorded(self.name))
 
     # -- to implement -----------------------------------------------------------------------
     def check(self) -> tuple[str, str]:
@@ -97,15 +105,19 @@ class Patch:
         if allow_untested is None:
             allow_untested = env_allows_untested(os.environ)
         try:
-            gate, why = decide(self, vllm_version(), allow_untested)
+            version = vllm_version()
+            gate, why = decide(self, version, allow_untested, in_range=False)
             try:
                 state, reason = self.check()
             except Exception:
+                gate, why = decide(self, version, allow_untested)
                 if gate in (Gate.TESTED, Gate.SAME_CODE):
                     raise
                 # code the patch has never met: that, not the error, is the news
                 self.state, self.reason = UNTESTED, f"{why} (its check failed there)"
                 return self.state
+            if state == NEEDED:  # in the range too, the code decides
+                gate, why = decide(self, version, allow_untested)
             if state == NEEDED and gate is Gate.HELD:
                 self.state, self.reason = UNTESTED, f"{why} ({UNTESTED_ENV}=1 applies it anyway)"
                 return self.state

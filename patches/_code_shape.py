@@ -6,11 +6,11 @@ whether a target is the code a patch was tested on. Patches' check()s and the re
 from __future__ import annotations
 
 import ast
-import functools
+import gc
 import hashlib
 import importlib.util
 import textwrap
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 
 def module_source(modname: str) -> str | None:
@@ -155,14 +155,27 @@ def fingerprint_source(src: str | None, qualname: str) -> str | None:
     return _digest(_tree(src), qualname)
 
 
-@functools.cache
-def _installed_tree(modname: str) -> ast.Module | None:
-    """An installed module's AST, parsed once per process: several targets of several patches
-    live in one module (vllm.v1.engine.core), and installed code does not change under us."""
-    return _tree(module_source(modname))
+def source_digest(src: str | None) -> str | None:
+    """A module's whole text, hashed (None: absent): the same text as a recorded release's is that
+    release's code, every target in it, without parsing it."""
+    return None if src is None else hashlib.sha256(src.encode()).hexdigest()[:16]
 
 
-def fingerprint(target: str) -> str | None:
-    """The fingerprint of an installed target ``"module:Qual.name"`` (None: absent)."""
-    module, _, qualname = target.partition(":")
-    return _digest(_installed_tree(module), qualname)
+def fingerprints(targets: Iterable[str]) -> dict[str, str | None]:
+    """The fingerprints of installed targets ``"module:Qual.name"`` (None: absent), each module
+    parsed once, with the collector paused (in a process holding vLLM and torch, building an AST
+    otherwise pays mostly for collections), and no tree kept (ASTs are large)."""
+    by_module: dict[str, list[str]] = {}
+    for target in targets:
+        by_module.setdefault(target.partition(":")[0], []).append(target)
+    out = {}
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        for module, found in by_module.items():
+            tree = _tree(module_source(module))
+            out.update((t, _digest(tree, t.partition(":")[2])) for t in found)
+    finally:
+        if collecting:
+            gc.enable()
+    return out

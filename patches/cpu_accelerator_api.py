@@ -187,7 +187,6 @@ class CpuAcceleratorApi(Patch):
     order = 10
     summary = "every `torch.accelerator` call on a CPU-only host: CPU equivalent or a clear error"
     targets = ("torch._dynamo.variables.torch:handle_synchronize",)
-    tested = ">=0.27.1,<=0.32.0"
     upstream = "none in torch (a follow-up of vllm#41033 / vllm PR #49960)"
     platform = "cpu"
 

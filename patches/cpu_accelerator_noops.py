@@ -102,7 +102,6 @@ class CpuAcceleratorNoops(Patch):
         "vllm.v1.worker.cpu.shm",
         "vllm.v1.worker.cpu_model_runner:_set_torch_accelerator_to_noop",
     )
-    tested = ">=0.27.1,<=0.32.0"
     upstream = "vllm PR #49960 (vllm#41033)"
     fixed_in = "0.32.0"
     platform = "cpu"

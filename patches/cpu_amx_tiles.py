@@ -49,7 +49,6 @@ class CpuAmxTiles(Patch):
     order = 90
     summary = "on CPUs with AMX tiles the worker died of SIGILL at the first request; each process asks for AMX"
     targets = ("vllm.v1.attention.backends.cpu_attn:_get_attn_isa",)
-    tested = ">=0.27.1,<=0.32.0"
     platform = "cpu"
     condition = "a CPU with AMX tiles"
 

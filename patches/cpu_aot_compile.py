@@ -43,7 +43,6 @@ class CpuAotCompile(Patch):
     order = 60
     summary = "on CPU vLLM saves a torch.compile AOT artifact it cannot load and recompiles at every start (vllm PR #32037)"
     targets = ("vllm.envs:use_aot_compile",)
-    tested = ">=0.27.1,<=0.34.0"
     upstream = "vllm PR #32037"
     platform = "cpu"
 

@@ -8,7 +8,11 @@ below; whether the code has a drain mode and a deadline is read from its structu
     ``process_outputs`` calls once for each request it has just freed), ``abort_requests`` and
     ``propagate_error`` (API server process)
   * ``build_middleware_stack`` of ``fastapi.FastAPI`` (or ``Starlette`` where FastAPI does not
-    override it) (API server process)
+    override it) (API server process): not fingerprinted, FastAPI's release is not vLLM's and a
+    record per vLLM release could not hold it; ``_apply()`` finds the method or fails by name
+  * relied on, fingerprinted with the above: ``EngineShutdownState``,
+    ``Scheduler.get_num_unfinished_requests``, ``RequestStatus`` (``FINISHED_ABORTED``) and
+    ``FinishReason`` (``ABORT``, ``ERROR``)
 Upstream: no fix yet; the behaviour is measured by tests/e2e (a drain shorter than the work).
           ``upstream`` where ``_handle_shutdown`` enforces a deadline itself: by its AST
           (``drain_shape``), a call of ``monotonic()`` or a comparison with a name or attribute
@@ -238,8 +242,11 @@ class DrainDeadline(Patch):
         "vllm.v1.engine.output_processor:OutputProcessor.has_unfinished_requests",
         "vllm.v1.engine.output_processor:OutputProcessor._update_stats_from_finished",
         "vllm.v1.engine.output_processor:OutputProcessor.abort_requests",
+        "vllm.v1.engine.core:EngineShutdownState",
+        "vllm.v1.core.sched.scheduler:Scheduler.get_num_unfinished_requests",
+        "vllm.v1.request:RequestStatus",
+        "vllm.v1.engine:FinishReason",
     )
-    tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
         tree = code_tree("vllm.v1.engine.core", "EngineCoreProc._handle_shutdown")

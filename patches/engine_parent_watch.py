@@ -134,8 +134,8 @@ class EngineParentWatch(Patch):
     targets = (
         "vllm.v1.engine.core:EngineCoreProc.run_engine_core",
         "vllm.v1.engine.core:EngineCoreProc._handle_shutdown",
+        "vllm.v1.engine.core:EngineShutdownState",
     )
-    tested = ">=0.27.1,<=0.32.0"
     lifecycle = True
     upstream = "vllm issue #55510; vllm PR #55846, vllm PR #34816 (open)"
     condition = "the engine core process"

@@ -137,7 +137,6 @@ class FastExit(Patch):
         "vllm.v1.engine.core:EngineCore.shutdown",
         "vllm.v1.executor.multiproc_executor:WorkerProc.shutdown",
     )
-    tested = ">=0.27.1,<=0.32.0"
     lifecycle = True
 
     def check(self) -> tuple[str, str]:

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 from ._base import Patch, PatchConfigError
 from ._release_gate import UNTESTED_ENV as UNTESTED_ENV  # defined beside the range check it governs
-from ._release_gate import env_allows_untested, env_flag
+from ._release_gate import env_allows_untested, env_flag, recorded, tested_range
 
 NOT_PATCHES = ("registry", "tested_code")  # besides _private modules, __init__ and __main__
 
@@ -26,14 +26,15 @@ NOT_PATCHES = ("registry", "tested_code")  # besides _private modules, __init__ 
 @dataclasses.dataclass(frozen=True)
 class Declared:
     """A patch's declarations (Patch's class attributes of the same names), read from its
-    module's source; unset ones have Patch's defaults."""
+    module's source; unset ones have Patch's defaults. ``tested`` is not declared: its range from
+    its record (tested_code.py), as ``Patch.tested``."""
 
     module: str  # the module's name in this package, e.g. "fast_exit"
     name: str
     order: int
     summary: str = Patch.summary
     targets: tuple[str, ...] = Patch.targets
-    tested: str = Patch.tested
+    tested: str = ""
     lifecycle: bool = Patch.lifecycle
     upstream: str = Patch.upstream
     fixed_in: str = Patch.fixed_in
@@ -41,7 +42,7 @@ class Declared:
     condition: str = Patch.condition
 
 
-DECLARED = tuple(f.name for f in dataclasses.fields(Declared) if f.name != "module")
+DECLARED = tuple(f.name for f in dataclasses.fields(Declared) if f.name not in ("module", "tested"))
 
 
 def _name_of(node: ast.AST | None) -> str | None:
@@ -82,6 +83,10 @@ def read_declarations(path: pathlib.Path) -> Declared | None:
     found = {}
     for item in cls.body:
         attr, value = _assigned(item)
+        if attr == "tested":
+            raise ValueError(
+                f"{path.name}: {cls.name}.tested is its record's (tested_code.py), not declared"
+            )
         if attr in DECLARED and value is not None:
             try:
                 found[attr] = ast.literal_eval(value)
@@ -90,7 +95,7 @@ def read_declarations(path: pathlib.Path) -> Declared | None:
     missing = [a for a in ("name", "order") if a not in found]
     if missing:
         raise ValueError(f"{path.name}: {cls.name} declares no {' and no '.join(missing)}")
-    return Declared(module=path.stem, **found)
+    return Declared(module=path.stem, tested=tested_range(recorded(found["name"])), **found)
 
 
 @functools.cache

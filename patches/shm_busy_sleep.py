@@ -186,7 +186,6 @@ class ShmBusySleep(Patch):
     order = 70
     summary = "vLLM's shared-memory readers spin beside the work; they now wait for the writer's wake-up (set by the CPU plan)"
     targets = ("vllm.distributed.device_communicators.shm_broadcast:SpinCondition",)
-    tested = ">=0.27.1,<=0.34.0"
     upstream = "vllm PR #52848 (open)"
     condition = "VLLM_SHM_BROADCAST_BUSY_SLEEP_S set (by the CPU plan)"
 

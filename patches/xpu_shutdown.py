@@ -114,8 +114,8 @@ class XpuShutdown(Patch):
         "vllm.v1.worker.gpu_model_runner:GPUModelRunner.shutdown",
         "vllm.v1.worker.gpu.model_runner:GPUModelRunner.shutdown",
         "vllm.v1.worker.gpu_worker:Worker.shutdown",
+        "vllm.device_allocator.xpumem:XpuMemAllocator.release_pools",
     )
-    tested = ">=0.24.0,<=0.32.0"
     upstream = "vllm PR #46433"
     fixed_in = "0.25.0"
     platform = "xpu"

@@ -1,12 +1,11 @@
-"""The patch states the tests expect, from what each patch declares (patches/_base.py: ``tested``,
-``lifecycle``, ``fixed_in``, ``platform``, ``condition``), and the releases the suite runs each
-patch on, from what the test files observe (their ``EXERCISES``). No test keeps a list of patches:
-a new patch brings its declarations in its module and its ``EXERCISES`` in its test file."""
+"""The patch states the tests expect, from what each patch declares (patches/_base.py:
+``lifecycle``, ``fixed_in``, ``platform``, ``condition``) and its record (patches/tested_code.py:
+the releases it was tested on, ``tested`` its range), and the releases the suite runs each patch
+on: those of its record (``recorded_releases``). No test keeps a list of patches or of releases: a
+new patch brings its declarations in its module and its record by ``tools/upstream_release.py
+record --add``."""
 
 from __future__ import annotations
-
-import ast
-import pathlib
 
 
 def expected_state(patch, release: str, platform: str | None, decided: bool = False) -> str | None:
@@ -43,32 +42,20 @@ def serve_expectations(patches, release: str) -> dict[str, str]:
     return out
 
 
-def exercised(tests: pathlib.Path) -> dict[str, set[str]]:
-    """{patch name: the releases the test files in ``tests`` run it on}: the union of their
-    module-level ``EXERCISES = {name: (release, ...)}``, read from their sources."""
-    out: dict[str, set[str]] = {}
-    for path in sorted(tests.glob("test_*.py")):
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
-                "EXERCISES"
-            ]:
-                for name, releases in ast.literal_eval(node.value).items():
-                    out.setdefault(name, set()).update(releases)
-    return out
+def recorded_releases(name: str) -> tuple[str, ...]:
+    """The releases a patch was tested on, oldest first: its record's (patches/tested_code.py),
+    what its tests parametrize over."""
+    from vllm_intel.patches._release_gate import recorded, release_key
+
+    return tuple(sorted(recorded(name), key=release_key))
 
 
-def range_disagreements(patches, runs: dict[str, set[str]], followed) -> list[str]:
-    """One line per patch whose tested range holds other ``followed`` releases than its tests run
-    it on (``runs``, from ``exercised``), and per name in ``runs`` that is no patch's."""
-    from packaging.specifiers import SpecifierSet
-
+def unrecorded(patches, runnable) -> list[str]:
+    """One line per patch without a record, or with a recorded release the suite cannot run it
+    on (not in ``runnable``)."""
     out = []
     for p in patches:
-        in_range = {v for v in followed if SpecifierSet(p.tested).contains(v)}
-        if in_range != runs.get(p.name, set()):
-            out.append(
-                f"{p.name}: tested {p.tested!r} holds {sorted(in_range)}, "
-                f"its tests run {sorted(runs.get(p.name, ()))}"
-            )
-    known = {p.name for p in patches}
-    return out + [f"{name}: in an EXERCISES, not a patch" for name in sorted(set(runs) - known)]
+        releases = recorded_releases(p.name)
+        if not releases or set(releases) - set(runnable):
+            out.append(f"{p.name}: recorded {list(releases)}, the suite runs {sorted(runnable)}")
+    return out

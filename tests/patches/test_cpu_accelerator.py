@@ -9,14 +9,6 @@ from __future__ import annotations
 import pytest
 from _patchtest import run_json
 
-# The followed releases these tests run each patch on: an observation of this file, checked against
-# the patch's own `tested` range by test_tested_range.py (the union over the test files).
-# (with test_accelerator_api_table.py, on the same two releases).
-EXERCISES = {
-    "cpu-accelerator-api": ("0.27.1", "0.32.0"),
-    "cpu-accelerator-noops": ("0.27.1", "0.32.0"),
-}
-
 BACKENDS = ["eager", "inductor"]
 
 COMPILE = """

@@ -16,11 +16,8 @@ import torch
 from test_serve import patch_lines, serve_and_complete, states
 
 from tests.harness import control
+from tests.harness.patch_states import recorded_releases
 from vllm_intel.patches import cpu_amx_tiles
-
-# The followed releases these tests run the patch on: an observation of this file, checked against
-# the patch's own `tested` range by test_tested_range.py (the union over the test files).
-EXERCISES = {"cpu-amx-tiles": ("0.27.1", "0.32.0")}
 
 HAS_AMX = torch.cpu._is_amx_tile_supported()
 needs_amx = pytest.mark.skipif(
@@ -45,7 +42,7 @@ print(json.dumps({"before": before, "after": tiles(), "state": state,
 
 @needs_amx
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", EXERCISES["cpu-amx-tiles"])
+@pytest.mark.parametrize("version", recorded_releases("cpu-amx-tiles"))
 def test_the_permission_is_requested_on_the_real_release(vllm_python, version):
     from _patchtest import run_json
 

@@ -7,9 +7,7 @@ from __future__ import annotations
 import pytest
 from _patchtest import run_json
 
-# The followed releases these tests run the patch on: an observation of this file, checked against
-# the patch's own `tested` range by test_tested_range.py (the union over the test files).
-EXERCISES = {"cpu-aot-compile": ("0.27.1", "0.32.0", "0.33.0", "0.34.0")}
+from tests.harness.patch_states import recorded_releases
 
 SNIPPET = """
 import json, os
@@ -29,7 +27,7 @@ print(json.dumps(dict(before=before, state=state, reason=PATCH.reason, after=aft
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", EXERCISES["cpu-aot-compile"])
+@pytest.mark.parametrize("version", recorded_releases("cpu-aot-compile"))
 def test_aot_compile_is_off_on_cpu_unless_the_user_sets_it(release_run, version):
     py, env = release_run(version)  # 0.33.0 / 0.34.0: their vllm.envs, from the sdist
     got = run_json(py, "import os; os.environ.pop('VLLM_USE_AOT_COMPILE', None)\n" + SNIPPET, env)

@@ -14,11 +14,6 @@ import pytest
 
 from vllm_intel.patches import drain_deadline as dd
 
-# The followed releases these tests run the patch on: an observation of this file, checked against
-# the patch's own `tested` range by test_tested_range.py (the union over the test files).
-# (test_serve.py serves with it on both; tests/e2e drains through it on the default release).
-EXERCISES = {"drain-deadline": ("0.27.1", "0.32.0")}
-
 POST = {"type": "http", "method": "POST", "path": "/v1/completions", "headers": []}
 GET = {"type": "http", "method": "GET", "path": "/health", "headers": []}
 

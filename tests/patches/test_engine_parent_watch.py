@@ -18,10 +18,7 @@ import pytest
 from _patchtest import run_json
 
 from tests.harness import ROOT
-
-# The followed releases these tests run the patch on: an observation of this file, checked against
-# the patch's own `tested` range by test_tested_range.py (the union over the test files).
-EXERCISES = {"engine-parent-watch": ("0.27.1", "0.32.0")}
+from tests.harness.patch_states import recorded_releases
 
 CHILD = """
 import os, sys, time
@@ -138,7 +135,7 @@ print(json.dumps(dict(api=api, state=state, again=again, reason=reason, watching
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", EXERCISES["engine-parent-watch"])
+@pytest.mark.parametrize("version", recorded_releases("engine-parent-watch"))
 def test_applied_in_the_engine_core_only_aborts_once_orphaned_and_reverts(vllm_venv, version):
     got = run_json(vllm_venv(version) / "bin" / "python", SNIPPET)
     assert got["api"][0] == "not-applicable" and "engine core process only" in got["api"][1], got

@@ -15,9 +15,7 @@ import subprocess
 import pytest
 from _patchtest import run_json, run_py
 
-# The followed releases these tests run the patch on: an observation of this file, checked against
-# the patch's own `tested` range by test_tested_range.py (the union over the test files).
-EXERCISES = {"fast-exit": ("0.27.1", "0.32.0")}
+from tests.harness.patch_states import recorded_releases
 
 SNIPPET = """
 import gc, json, weakref
@@ -63,7 +61,7 @@ print(json.dumps(dict(state=state, again=again, reason=reason, survived=survived
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", EXERCISES["fast-exit"])
+@pytest.mark.parametrize("version", recorded_releases("fast-exit"))
 def test_exiting_processes_skip_the_teardown_collections_on_cpu(vllm_python, version):
     got = run_json(vllm_python(version), "SIMULATE_XPU = False\n" + SNIPPET)
     assert got["state"] == "applied" and got["again"] == "applied", got

@@ -12,6 +12,7 @@ from _patchtest import run_py
 import vllm_intel.patches as vip
 from tests.harness import ROOT
 from vllm_intel.patches import _base, registry
+from vllm_intel.patches.tested_code import TESTED
 
 MINE = ("cpu-accelerator-api", "cpu-accelerator-noops", "xpu-shutdown")
 
@@ -85,6 +86,7 @@ def test_every_public_module_is_a_patch_and_declares_itself():
         assert {"name", "order"} <= set(vars(type(p))), d.module
         for attr in registry.DECLARED:  # the source's literals are the object's attributes
             assert getattr(d, attr) == getattr(p, attr), (d.module, attr)
+        assert d.tested == p.tested != "", d.module  # the range its record holds
     orders = [d.order for d in declared]
     assert orders == sorted(orders) and len(set(orders)) == len(orders), orders
 
@@ -94,7 +96,11 @@ def test_every_public_module_is_a_patch_and_declares_itself():
     [
         ('    name = "x"\n', "X declares no order"),
         ("    order = 1\n", "X declares no name"),
-        ('    name = "x"\n    order = 1\n    tested = ">=" + "0.1"\n', "X.tested is not a literal"),
+        (
+            '    name = "x"\n    order = 1\n    upstream = "#" + "1"\n',
+            "X.upstream is not a literal",
+        ),
+        ('    name = "x"\n    order = 1\n    tested = ">=0.1"\n', r"X.tested is its record's"),
     ],
 )
 def test_a_declaration_the_registry_cannot_read_is_an_error(tmp_path, body, error):
@@ -152,7 +158,8 @@ def test_a_check_raising_outside_the_tested_range_is_untested(
     """In the range (or without vLLM) a check that raises is a failure; outside it, opted in or a
     lifecycle patch, the code the patch never met is the news, not the error."""
     p = Raises("shaky")
-    p.tested, p.lifecycle = ">=1.0,<=2.0", lifecycle
+    p.lifecycle = lifecycle
+    monkeypatch.setitem(TESTED, "shaky", {"1.0": {}, "2.0": {}})  # tested on 1.0 and 2.0
     monkeypatch.setattr(_base, "vllm_version", lambda: version)
     state = "untested" if "outside" in reason else "failed"
     assert p.apply(allow_untested=True) == state and p.status() == ("shaky", state, reason)

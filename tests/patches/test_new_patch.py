@@ -1,7 +1,9 @@
-"""A new patch is one module and one test. Added to a copy of the checkout, a trivial patch is
-found by the registry, put in its declared place in the apply order, named by the supervisor's
-settings and in the generated tables of the README and docs/patches.md, and given its expected
-state and tested releases, all by the real code and with no other file written."""
+"""A new patch is one module, one test and its record. Added to a copy of the checkout (its record
+as `tools/upstream_release.py record --add noop-demo 0.27.1 0.32.0` writes it for a patch without
+targets), a trivial patch is found by the registry, put in its declared place in the apply order,
+named by the supervisor's settings and in the generated tables of the README and docs/patches.md,
+and given its expected state and tested releases, all by the real code and with no other file
+written."""
 
 from __future__ import annotations
 
@@ -11,18 +13,18 @@ import shutil
 import subprocess
 import sys
 
-from test_tested_range import KNOWN
-
 import vllm_intel.patches as vip
+from tests.conftest import upstream_release
 from tests.harness import ROOT
-from tests.harness.patch_states import exercised, range_disagreements, serve_expectations
+from tests.harness.patch_states import serve_expectations
+from vllm_intel.patches.tested_code import TESTED
 
 MODULE = '''"""noop-demo: changes nothing (the patch tests/patches/test_new_patch.py adds).
 
 Target:   none.
 Upstream: none.
 Releases: every release.
-Tested:   vLLM ``>=0.27.1,<=0.32.0`` (``tested``): tests/patches/test_noop_demo.py.
+Tested:   vLLM ``>=0.27.1,<=0.32.0`` (its record): tests/patches/test_noop_demo.py.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ class NoopDemo(Patch):
     name = "noop-demo"
     order = 55
     summary = "nothing: the trivial patch of test_new_patch.py"
-    tested = ">=0.27.1,<=0.32.0"
 
     def check(self) -> tuple[str, str]:
         return NEEDED, "always"
@@ -50,8 +51,6 @@ TEST = '''"""noop-demo: applied, then reverted."""
 
 from vllm_intel.patches.noop_demo import PATCH
 
-EXERCISES = {"noop-demo": ("0.27.1", "0.32.0")}
-
 
 def test_applies_and_reverts():
     assert PATCH.apply() == "applied"
@@ -64,6 +63,7 @@ PROBE = """
 import dataclasses, json, pathlib, runpy, sys
 import vllm_intel.patches as plugin
 from vllm_intel.patches import registry
+from vllm_intel.patches._release_gate import recorded
 from vllm_intel.supervisor import docs, settings
 
 def refused(name):
@@ -83,6 +83,7 @@ print(json.dumps({
     "names": plugin.patch_names(),
     "refused": [n for n in ("noop-demo", "no-such-patch") if refused(n)],
     "declarations": [dataclasses.asdict(d) for d in plugin.declarations()],
+    "recorded": list(recorded("noop-demo")),
     "readme": docs.render((root / "README.md").read_text()),
     "page": docs.render((root / "docs/patches.md").read_text()),
     "torch": "torch" in sys.modules,
@@ -138,8 +139,14 @@ def test_a_new_patch_is_its_module_and_its_test(tmp_path):
     before = snapshot(root)
     (root / "patches" / "noop_demo.py").write_text(MODULE)
     (root / "tests" / "patches" / "test_noop_demo.py").write_text(TEST)
+    record = {**TESTED, "noop-demo": {"0.27.1": {}, "0.32.0": {}}}
+    (root / "patches" / "tested_code.py").write_text(upstream_release().render_record(record))
     added = snapshot(root)
-    assert written(before, added) == {"patches/noop_demo.py", "tests/patches/test_noop_demo.py"}
+    assert written(before, added) == {
+        "patches/noop_demo.py",
+        "tests/patches/test_noop_demo.py",
+        "patches/tested_code.py",
+    }
 
     got = probe(root)
     assert written(added, snapshot(root)) == set()  # the code above wrote nothing
@@ -167,6 +174,4 @@ def test_a_new_patch_is_its_module_and_its_test(tmp_path):
     assert (declared[at].name, declared[at].tested) == ("noop-demo", ">=0.27.1,<=0.32.0")
     for release in ("0.27.1", "0.32.0"):
         assert serve_expectations(declared, release)["noop-demo"] == "applied"
-    runs = exercised(root / "tests" / "patches")
-    assert runs["noop-demo"] == {"0.27.1", "0.32.0"}
-    assert range_disagreements(declared, runs, KNOWN) == []
+    assert got["recorded"] == ["0.27.1", "0.32.0"]  # the releases its tests run it on

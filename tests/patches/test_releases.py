@@ -50,7 +50,10 @@ def test_the_followed_releases_are_the_recipe_tables():
 def test_tested_code_is_the_fingerprints_of_the_releases_sources():
     from vllm_intel.patches.tested_code import TESTED
 
-    assert TOOL.record() == TESTED, "run `make upstream-release-record`"
+    got = TOOL.record({"cpu-amx-tiles": ["0.34.0"]})  # and `record --add cpu-amx-tiles 0.34.0`
+    added = got["cpu-amx-tiles"].pop("0.34.0")
+    assert got == TESTED, "run `make upstream-release-record`"
+    assert added == TESTED["cpu-amx-tiles"]["0.32.0"]  # its target is 0.32.0's code there
 
 
 @pytest.mark.vllm

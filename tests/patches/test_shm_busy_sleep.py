@@ -13,9 +13,7 @@ from __future__ import annotations
 import pytest
 from _patchtest import run_json
 
-# The followed releases these tests run the patch on: an observation of this file, checked against
-# the patch's own `tested` range by test_tested_range.py (the union over the test files).
-EXERCISES = {"shm-busy-sleep": ("0.27.1", "0.32.0", "0.33.0", "0.34.0")}
+from tests.harness.patch_states import recorded_releases
 
 SNIPPET = """
 import gc, json, os, resource, statistics, sys, threading, time, zmq
@@ -92,7 +90,7 @@ print(json.dumps(dict(known_before=known_before, known=known, known_after=known_
 
 
 @pytest.mark.vllm
-@pytest.mark.parametrize("version", EXERCISES["shm-busy-sleep"])
+@pytest.mark.parametrize("version", recorded_releases("shm-busy-sleep"))
 def test_readers_wait_for_the_writer_instead_of_spinning(release_run, version):
     py, env = release_run(version)  # 0.33.0 / 0.34.0: their SpinCondition, from the sdist
     got = run_json(py, SNIPPET, env={**env, "VLLM_SHM_BROADCAST_BUSY_SLEEP_S": "0.0001"})

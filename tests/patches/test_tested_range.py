@@ -1,6 +1,8 @@
-"""Each patch declares the vLLM releases it was tested on (``Patch.tested``, a PEP 440
-specifier); outside that range it is ``untested`` and not applied, unless
-INTEL_VLLM_PATCHES_UNTESTED=1. Process-lifecycle patches apply anyway (their reason says so)."""
+"""Each patch's record (patches/tested_code.py) holds the releases it was tested on and its targets'
+fingerprints there; its range (``Patch.tested``) and the releases its tests run derive from it. On
+code no recorded release has, in the range or outside it, a patch is ``untested`` and not applied,
+unless INTEL_VLLM_PATCHES_UNTESTED=1. Process-lifecycle patches apply anyway (their reason says
+so)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import importlib
 import json
 import logging
 import os
-import pathlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -17,24 +18,26 @@ from test_framework import Fake
 
 import vllm_intel.patches as vip
 from tests.harness import ROOT
-from tests.harness.patch_states import exercised, expected_state, range_disagreements
+from tests.harness.patch_states import expected_state, recorded_releases, unrecorded
 from vllm_intel.patches import _base, _release_gate, registry
+from vllm_intel.patches.tested_code import TESTED
 
 LIFECYCLE = {p.name for p in vip.declarations() if p.lifecycle}
-KNOWN = ("0.24.0", "0.27.1", "0.32.0", "0.33.0", "0.34.0")  # the releases the project follows
-# What the suite runs each patch on is what its test files observe (their EXERCISES), not a
-# list kept here: the ranges must cover exactly these.
-EXERCISED = exercised(pathlib.Path(__file__).parent)
+# The releases the project follows, each one the suite can run a patch on: a venv (0.27.1, 0.32.0),
+# the sources under a simulated XPU (0.24.0) or on the default venv (0.33.0, 0.34.0).
+KNOWN = ("0.24.0", "0.27.1", "0.32.0", "0.33.0", "0.34.0")
 
 
 @pytest.fixture
 def ranged(monkeypatch):
-    """Fake patches with a tested range, the registry made of them, and a settable version."""
+    """Fake patches recorded on 1.0 and 2.0 (no targets: the range decides), the registry made of
+    them, and a settable version."""
     good = Fake("good")
-    good.tested = ">=1.0,<=2.0"
     life = Fake("life")
-    life.tested, life.lifecycle = ">=1.0,<=2.0", True
-    plain = Fake("plain")  # no range declared
+    life.lifecycle = True
+    plain = Fake("plain")  # nothing recorded
+    for name in ("good", "life"):
+        monkeypatch.setitem(TESTED, name, {"1.0": {}, "2.0": {}})
     ps = [good, life, plain]
     monkeypatch.setattr(registry, "all_patches", lambda: ps)
     monkeypatch.setattr(vip, "_registered_pid", None)
@@ -152,28 +155,89 @@ def test_apply_all_passes_the_opt_in(ranged):
 # -- the real patches ----------------------------------------------------------------------------
 
 
-def test_every_patch_declares_the_releases_its_tests_run():
-    # exactly the followed releases the suite runs it on, and no EXERCISES of a patch that is gone
-    assert range_disagreements(registry.all_patches(), EXERCISED, KNOWN) == []
+def test_every_patch_is_recorded_on_releases_the_suite_runs():
+    # a record for each, on releases the suite can run (its tests parametrize over them)
+    assert unrecorded(registry.all_patches(), KNOWN) == []
     for mod in registry.modules():
         module = importlib.import_module(f"vllm_intel.patches.{mod}")
         p = module.PATCH
+        assert p.tested == _release_gate.tested_range(recorded_releases(p.name)), mod
         assert f"``{p.tested}``" in module.__doc__, (mod, "docstring names the range")
         # the docstring says it is a lifecycle patch exactly when it declares it
         assert ("(``lifecycle``)" in module.__doc__) == p.lifecycle, (mod, "docstring: lifecycle")
 
 
-def test_a_range_and_the_tests_that_disagree_are_reported():
+def test_a_patch_without_a_record_or_on_a_release_not_run_is_reported(monkeypatch):
     p = Fake("demo")
-    p.tested = ">=0.27.1,<=0.32.0"
-    assert range_disagreements([p], {"demo": {"0.27.1", "0.32.0"}}, KNOWN) == []
-    assert range_disagreements([p], {"demo": {"0.32.0"}}, KNOWN) == [
-        "demo: tested '>=0.27.1,<=0.32.0' holds ['0.27.1', '0.32.0'], its tests run ['0.32.0']"
+    monkeypatch.setitem(TESTED, "demo", {"0.27.1": {}, "0.32.0": {}})
+    assert p.tested == ">=0.27.1,<=0.32.0" and recorded_releases("demo") == ("0.27.1", "0.32.0")
+    assert unrecorded([p], KNOWN) == []
+    monkeypatch.setitem(TESTED, "demo", {"0.32.0": {}, "0.99.0": {}})
+    assert unrecorded([p], KNOWN) == [
+        "demo: recorded ['0.32.0', '0.99.0'], the suite runs " + str(sorted(KNOWN))
     ]
-    assert range_disagreements([p], {"demo": {"0.27.1", "0.32.0"}, "gone": {"0.32.0"}}, KNOWN) == [
-        "gone: in an EXERCISES, not a patch"
-    ]
-    assert range_disagreements([p], {}, KNOWN)[0].endswith("its tests run []")
+    assert unrecorded([Fake("new")], KNOWN)[0].startswith("new: recorded []")
+
+
+# Any installed code is a target to the gate (its source is read, not run); a stdlib one costs no
+# import of vLLM.
+TARGET = "json.decoder:JSONDecoder.decode"
+
+
+@pytest.mark.parametrize("code", ["tested", "changed"])
+def test_in_the_range_the_fingerprints_decide(ranged, monkeypatch, code):
+    """A release in the range whose target is not a recorded release's code is untested, and the
+    reason names the target; with the recorded code it applies as ever."""
+    patches, version = ranged
+    version["v"] = "1.0+cpu"
+    p = patches["good"]
+    p.targets = (TARGET,)
+    fp = _release_gate.fingerprints([TARGET])[TARGET] if code == "tested" else "0" * 16
+    monkeypatch.setitem(TESTED, "good", {"1.0": {TARGET: fp}, "2.0": {TARGET: fp}})
+    if code == "tested":
+        assert p.apply() == "applied" and p.reason == "good verdict"
+        return
+    assert p.apply() == "untested" and p.applies == 0 and p.target.attr == "orig"
+    assert p.reason == (
+        f"vLLM 1.0 is in the tested range >=1.0,<=2.0, not its code; changed since 1.0: {TARGET} "
+        "(INTEL_VLLM_PATCHES_UNTESTED=1 applies it anyway)"
+    )
+    p.revert()
+    assert p.apply(allow_untested=True) == "applied"
+    assert p.reason.endswith(
+        "(untested: vLLM 1.0 is in the tested range >=1.0,<=2.0, "
+        f"not its code; changed since 1.0: {TARGET}; "
+        "INTEL_VLLM_PATCHES_UNTESTED=1)"
+    )
+
+
+@pytest.mark.parametrize("text", ["recorded", "other"])
+def test_a_module_whose_text_is_a_recorded_releases_is_its_code_without_parsing(monkeypatch, text):
+    """The gate hashes the target's module first (tested_code.SOURCES): the recorded text is that
+    release's code, fingerprints unread; any other text leaves the fingerprints to decide."""
+    from vllm_intel.patches import tested_code
+    from vllm_intel.patches._code_shape import module_source, source_digest
+
+    digest = source_digest(module_source("json.decoder")) if text == "recorded" else "0" * 16
+    monkeypatch.setattr(tested_code, "SOURCES", {"1.0": {"json.decoder": digest}})
+    parsed = []
+    real = _release_gate.fingerprints
+    monkeypatch.setattr(_release_gate, "fingerprints", lambda ts: parsed.append(ts) or real(ts))
+    record = {"1.0": {TARGET: "f" * 16}}  # a fingerprint no code has: only the text can match
+    got = _release_gate.matching_release(record, [TARGET])
+    if text == "recorded":
+        assert got == ("1.0", []) and parsed == [], (got, parsed)
+    else:
+        assert got == (None, [TARGET]) and parsed == [[TARGET]], (got, parsed)
+
+
+def test_every_recorded_release_has_the_text_of_every_module_it_records():
+    from vllm_intel.patches.tested_code import SOURCES
+
+    for name, rows in TESTED.items():
+        for release, fps in rows.items():
+            modules = {t.partition(":")[0] for t in fps}
+            assert modules <= SOURCES.get(release, {}).keys(), (name, release)
 
 
 VERDICTS = json.loads((ROOT / "docs" / "patch-verdicts.json").read_text())
@@ -209,8 +273,9 @@ CLI_AS_IF = """
 import sys, vllm
 vllm.__version__ = "0.99.0+cpu"  # as if this were a newer release, with 0.32.0's code
 import vllm_intel.patches as v
-from vllm_intel.patches.tested_code import TESTED
-if {changed}:  # ... or with every target changed since the tested releases
+from vllm_intel.patches.tested_code import SOURCES, TESTED
+if {changed}:  # ... or with every target changed since the tested releases (and its module's text)
+    SOURCES.clear()
     for rows in TESTED.values():
         for fps in rows.values():
             fps.update(dict.fromkeys(fps, "0" * 16))
@@ -269,7 +334,7 @@ def test_cli_on_a_release_whose_code_changed(cli, opt_in):
             assert state == "untested", line
             assert "vLLM 0.99.0 is outside the tested range >=0." in line, line
             assert "; changed since 0.3" in line, line  # names the release and the targets
-    assert set(rows) == set(EXERCISED)
+    assert set(rows) == set(TESTED)
 
 
 def test_cli_on_a_newer_release_with_the_tested_code(cli):

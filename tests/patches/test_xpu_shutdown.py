@@ -17,11 +17,6 @@ from _patchtest import run_json
 
 from vllm_intel.supervisor.timing import XPU_MIN_DRAIN_S
 
-# The followed releases these tests run the patch on: an observation of this file, checked against
-# the patch's own `tested` range by test_tested_range.py (the union over the test files).
-# 0.24.0: its real sources under a simulated XPU; 0.27.1 and 0.32.0: their venvs.
-EXERCISES = {"xpu-shutdown": ("0.24.0", "0.27.1", "0.32.0")}
-
 SIMULATE = r"""
 import gc, json, logging, sys, types
 import torch
