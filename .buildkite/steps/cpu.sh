@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Buildkite step on Intel CPU agents, and `make buildkite-local` on any machine with root/Docker:
-#   1. build the CPU runtime and test images (scripts/build-image.sh, the one build command)
+#   1. build the CPU runtime and test images (scripts/build-image.sh, the one build command);
+#      the runtime image's SBOM goes to build/buildkite/ (an artifact)
 #   2. run the project's tests inside the test image (its CMD: everything but Docker/XPU tests)
 #   3. smoke test the runtime image: serve, request, stop, restart, request, stop (smoke.sh)
 #   4. the container tests from the host (`make test`, as .ci/run does), which also run the
@@ -23,6 +24,9 @@ fi
 image=vllm-intel:cpu-$VLLM_VERSION
 section ":docker: build $image"
 network_retryable scripts/build-image.sh cpu
+# The image's SBOM as the job's artifact (docs/docker.md): LOG_DIR is uploaded.
+"$DOCKER" run --rm --label "$RUN_LABEL" --entrypoint cat "$image" /opt/vllm-intel/sbom.cdx.json \
+  >"$LOG_DIR/sbom-${image#vllm-intel:}.cdx.json"
 section ":docker: build $image-test"
 TARGET="test" network_retryable scripts/build-image.sh cpu
 

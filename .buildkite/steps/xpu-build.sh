@@ -15,4 +15,7 @@ source "$(dirname "$0")/lib.sh"
 source "$(dirname "$0")/xpu-lib.sh"
 setup_step
 build_xpu_images
+# The image's SBOM as the job's artifact (docs/docker.md): LOG_DIR is uploaded.
+"$DOCKER" run --rm --label "$RUN_LABEL" --entrypoint cat "$image" /opt/vllm-intel/sbom.cdx.json \
+  >"$LOG_DIR/sbom-${image#vllm-intel:}.cdx.json"
 in_image_tests xpu_image

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import xpu_recipe  # noqa: E402
 
 from .conftest import holds_kernels  # noqa: E402
+from .test_sbom import image_sbom  # noqa: E402
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 LIB = (".buildkite/steps/lib.sh",)
@@ -71,6 +72,12 @@ def image_secrets(images: list[str], canary: bytes) -> list[str]:
     return found
 
 
+def sbom_artifact(image: str) -> str:
+    """The SBOM the step left among its artifacts (build/buildkite/, lib.sh's LOG_DIR)."""
+    name = f"sbom-{image.removeprefix('vllm-intel:')}.cdx.json"
+    return (ROOT / "build" / "buildkite" / name).read_text()
+
+
 def image_ids(images: list[str]) -> list[str]:
     return docker("image", "inspect", "-f", "{{.Id}}", *images).stdout.split()
 
@@ -103,6 +110,7 @@ def test_cpu_step_runs_to_the_end_and_bakes_no_secret(cpu_image, compile_cache):
     assert image_ids(images) == before or image_secrets(images, token.encode()) == [], images
     assert " passed" in r.stdout and "smoke: vllm-intel:cpu-" in r.stdout, r.stdout[-3000:]
     assert "passed (serve, request, stop, restart, request, stop)" in r.stdout
+    assert sbom_artifact(images[0]) == image_sbom(images[0])
     # The smoke containers' compile caches went to INTEL_VLLM_CACHE: graphs for the next users.
     assert holds_kernels(compile_cache), sorted(compile_cache.rglob("*"))[:20]
     scripts_run.ran(".buildkite/steps/cpu.sh", ".buildkite/steps/smoke.sh", *LIB)
@@ -149,6 +157,7 @@ def test_xpu_build_step_runs_on_the_stand_in(xpu_image, version):
     tail = r.stdout[r.stdout.rindex("xpu_image tests inside") :]
     assert " passed" in tail and "failed" not in tail, tail[-3000:]
     assert "SKIPPED" in tail and "stand-in: torch-xpu" in tail, tail[-3000:]
+    assert sbom_artifact(f"vllm-intel:xpu-{version}") == image_sbom(f"vllm-intel:xpu-{version}")
     scripts_run.ran(".buildkite/steps/xpu-build.sh", ".buildkite/steps/xpu-lib.sh", *LIB)
 
 

@@ -21,15 +21,18 @@ import xpu_recipe  # noqa: E402
 
 # Stages by role, product last (default target). The XPU file makes its `vllm` stage by one of two
 # routes (docker/xpu-releases.toml): upstream's published image, or upstream's recipe from source.
+# From app on, the stages are the same in both files (test_shared_blocks_identical).
+SHARED_STAGES = ["app", "test", "sbom-tool", "sbom", "runtime"]
 STAGES = {
-    "cpu": ["os", "vllm", "app", "test", "runtime"],
-    "xpu": ["upstream", "source-os", "source", "vllm", "app", "test", "runtime"],
+    "cpu": ["os", "vllm", *SHARED_STAGES],
+    "xpu": ["upstream", "source-os", "source", "vllm", *SHARED_STAGES],
 }
 SHARED_SCRIPTS = [
     "with-build-secrets.sh",
     "install-os-packages.sh",
     "create-user.sh",
     "install-app.sh",
+    "sbom.py",
 ]
 
 
@@ -90,12 +93,12 @@ def test_stages_and_runtime_contract(acc):
 
 
 def test_shared_blocks_identical():
-    """From `FROM vllm AS app` on (plugin, entrypoint, model, labels, user, healthcheck, test and
-    runtime stages), both files must be the same instruction for instruction."""
+    """From `FROM vllm AS app` on (plugin, entrypoint, model, labels, user, healthcheck, test,
+    SBOM and runtime stages), both files must be the same instruction for instruction."""
     blocks = {}
     for acc in ("cpu", "xpu"):
         staged = stage_of(parse(acc))
-        blocks[acc] = [i for stage, i in staged if stage in ("app", "test", "runtime")]
+        blocks[acc] = [i for stage, i in staged if stage in SHARED_STAGES]
     assert blocks["cpu"] == blocks["xpu"]
 
 
