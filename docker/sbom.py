@@ -43,16 +43,28 @@ def drop_aliases(bom: dict) -> None:
         version = marker.parent.name.removeprefix("vllm-").removesuffix(".dist-info")
         alias = next(c for c in bom["components"] if (c["name"], c["version"]) == ("vllm", version))
         real = next(c for c in bom["components"] if c["name"] == marker.read_text().strip())
-        upstream = real["version"].split("+")[0]
-        purl = PackageURL("pypi", None, "vllm", upstream).to_string()
-        ancestor = {"type": "library", "name": "vllm", "version": upstream, "purl": purl}
-        real["pedigree"] = {"ancestors": [ancestor]}
+        real["pedigree"] = {"ancestors": [upstream_vllm(real["version"])]}
         ref = alias["bom-ref"]
         bom["components"].remove(alias)
         bom["dependencies"] = [d for d in bom["dependencies"] if d["ref"] != ref]
         for d in bom["dependencies"]:
             if ref in d.get("dependsOn", ()):
                 d["dependsOn"] = sorted({*d["dependsOn"], real["bom-ref"]} - {ref})
+
+
+def upstream_vllm(version: str) -> dict:
+    """vLLM's release on PyPI that a build of it (`0.32.0+cpu`, `0.34.0+xpu`) comes from."""
+    upstream = version.split("+")[0]
+    purl = PackageURL("pypi", None, "vllm", upstream).to_string()
+    return {"type": "library", "name": "vllm", "version": upstream, "purl": purl}
+
+
+def name_local_builds(bom: dict) -> None:
+    """A vLLM built from local sources (upstream's XPU image) has no purl of its own: its pedigree
+    names the PyPI release it was built from, which scanners match by purl."""
+    for c in bom["components"]:
+        if c["name"] == "vllm" and "purl" not in c and "pedigree" not in c:
+            c["pedigree"] = {"ancestors": [upstream_vllm(c["version"])]}
 
 
 def debian_components() -> list[dict]:
@@ -83,6 +95,7 @@ def debian_components() -> list[dict]:
 def main(out: str) -> int:
     bom = python_bom()
     drop_aliases(bom)
+    name_local_builds(bom)
     debian = debian_components()
     bom["components"] += debian
     bom["metadata"]["component"] = {

@@ -63,6 +63,9 @@ def check(text: str, labels: dict[str, str], stand_in: str = "") -> None:
     pypi = {c["name"]: c for c in bom["components"] if c["name"] not in deb}
     (vllm,) = [pypi[n] for n in VLLM_NAMES if n in pypi]
     assert vllm["version"].split("+")[0] == labels["io.github.vllm-intel.vllm.version"]
+    # what a scanner matches: PyPI's vLLM release, as its own purl or its build's ancestor
+    ancestors = [a.get("purl") for a in vllm.get("pedigree", {}).get("ancestors", [])]
+    assert f"pkg:pypi/vllm@{labels['io.github.vllm-intel.vllm.version']}" in ancestors, vllm
     torch = pypi["torch"]["version"]
     if "torch-xpu" in stand_in:  # the stand-in's CPU torch, named as such in the image
         assert f"torch {torch} " in stand_in
