@@ -193,15 +193,17 @@ def sources(data: dict) -> dict[str, dict[str, str | None]]:
     """{release: {module: digest of its text}} for every module a target recorded on that release
     lives in: what the gate compares first (same text, same code), before any fingerprint."""
     from vllm_intel.patches._code_shape import source_digest
+    from vllm_intel.patches._release_gate import release_key
 
     modules: dict[str, set[str]] = {}
     for rows in data.values():
         for release, fps in rows.items():
             modules.setdefault(release, set()).update(t.partition(":")[0] for t in fps)
-    return {
-        r: {m: source_digest(target_source(source(r), m)) for m in sorted(modules[r])}
-        for r in sorted(modules, key=lambda r: tuple(map(int, r.split("."))))
-    }
+    out = {}
+    for r in sorted(modules, key=release_key):
+        root = source(r)
+        out[r] = {m: source_digest(target_source(root, m)) for m in sorted(modules[r])}
+    return out
 
 
 def render_record(data: dict) -> str:
